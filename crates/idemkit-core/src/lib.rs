@@ -1,0 +1,70 @@
+//! The core of idemkit: effects that happen once under at-least-once delivery.
+//!
+//! A [`Coordinator`] takes an [`Operation`], a [`Key`] naming one effect, a TTL and an async
+//! action. It *reserves* the key in a [`Store`] before the action runs, renews the
+//! reservation (a lease) while the action runs, stores the encoded result under the key and
+//! replays it to every later caller with that key. A concurrent duplicate waits for the
+//! first caller's result, or gets [`Error::InFlight`] to requeue ([`InFlight`]).
+//!
+//! This crate does no network I/O and names no backend: stores live in their own crates.
+//! [`MemoryStore`] is here so examples and tests need no service.
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use idemkit_core::{Coordinator, Key, MemoryStore, Operation};
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
+//! let coordinator = Coordinator::new(MemoryStore::new());
+//! let invoice = Operation::new("mail.invoice")?;
+//!
+//! // The key names the effect (the invoice of order 9), not the job that asked for it.
+//! let key = Key::compose(["order-9", "invoice"])?;
+//! for _delivery in 0..2 {
+//!     let receipt = coordinator
+//!         .call(&invoice, &key)
+//!         .ttl(Duration::from_secs(24 * 3600))
+//!         .run(|_| async { Ok::<_, std::io::Error>("em_1".to_string()) /* send the mail */ })
+//!         .await?;
+//!     assert_eq!(receipt.value, "em_1");
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # })?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Modules
+//!
+//! - [`ident`] holds [`Operation`], [`Key`], [`Scope`] and the injective [`StorageKey`].
+//! - [`store`] holds the [`Store`] contract, one atomic call per phase.
+//! - [`memory`] holds the [`MemoryStore`].
+//! - [`record`] holds what a store keeps, and its versioned byte format.
+//! - [`observe`] names the metrics.
+//! - [`clock`] is the one place that reads time.
+#![forbid(unsafe_code)]
+
+pub mod clock;
+mod codec;
+mod coordinator;
+mod error;
+mod fingerprint;
+pub mod ident;
+pub mod memory;
+pub mod observe;
+mod policy;
+pub mod record;
+pub mod store;
+
+pub use codec::{Codec, JsonCodec};
+pub use coordinator::{Attempt, Builder, Call, Coordinator, Outcome, Source};
+pub use error::{Error, ErrorKind, Phase};
+pub use fingerprint::Fingerprint;
+pub use ident::{IdentKind, Key, KeyError, Operation, Scope, StorageKey};
+pub use memory::MemoryStore;
+pub use policy::{InFlight, OnStoreError, Policy};
+pub use record::{FencingToken, OutcomeKind, OwnerToken, Record, RecordError, RecordState, StoredOutcome};
+pub use store::{
+    Begin, BeginRequest, BoxError, Completed, Completion, Lease, RawStore, Store, StoreError,
+    StoreErrorKind,
+};

@@ -1,0 +1,478 @@
+//! [`MemoryStore`]: the embedded default store.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::clock::Clock;
+use crate::record::{FencingToken, OwnerToken, Record, RecordState, StoredOutcome};
+use crate::store::{Begin, BeginRequest, Completed, Completion, Lease, RawStore, Store, StoreError};
+use crate::{Fingerprint, StorageKey};
+
+/// Number of independently locked shards. Each lock is held for a hash-map operation only
+/// (never across an `.await`), so a few dozen shards keep contention negligible on any core
+/// count this store is meant for.
+const SHARDS: usize = 32;
+
+/// A shard sweeps expired entries when it has grown to this many entries, and afterwards when
+/// it has doubled since the last sweep. Sweeping is therefore amortised O(1) per insert, and a
+/// shard never holds more than about twice the entries that were live at its last sweep.
+const MIN_SWEEP: usize = 1024;
+
+/// An in-process store: a sharded hash map with lease and TTL expiry on the tokio clock and
+/// push wake-ups for waiters.
+///
+/// It gives the same owner and fencing guarantees as the network stores, within one process:
+/// use it for tests, examples, single-instance services and as a first tier. Records are lost
+/// when the process exits. Cloning shares the same records.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use idemkit_core::{Coordinator, Key, MemoryStore, Operation};
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
+/// let coordinator = Coordinator::new(MemoryStore::new());
+/// let op = Operation::new("mail.invoice")?;
+/// let key = Key::new("order-9.invoice")?;
+/// let first = coordinator.call(&op, &key).ttl(Duration::from_secs(3600))
+///     .run(|_| async { Ok::<_, std::io::Error>("em_1".to_string()) }).await?;
+/// let second = coordinator.call(&op, &key).ttl(Duration::from_secs(3600))
+///     .run(|_| async { Ok::<_, std::io::Error>("em_2".to_string()) }).await?;
+/// assert_eq!((first.value.as_str(), second.value.as_str()), ("em_1", "em_1"));
+/// assert!(second.is_replay());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # })?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    shards: Box<[Mutex<Shard>]>,
+    /// Picks the shard. Randomly seeded per store, like `HashMap`'s own hasher, so that keys
+    /// chosen by clients (HTTP) cannot be aimed at one shard.
+    hasher: RandomState,
+    /// The next fencing token. One counter for all keys: it only has to increase per key, and
+    /// a key's reservations are serialised by its shard lock, so taking the next value inside
+    /// that lock gives every key a strictly increasing sequence, across evictions too.
+    next_fencing: AtomicU64,
+    clock: Clock,
+}
+
+#[derive(Debug, Default)]
+struct Shard {
+    map: HashMap<Box<str>, Entry>,
+    /// Sweep expired entries when `map` reaches this size (see [`MIN_SWEEP`]).
+    sweep_at: usize,
+}
+
+#[derive(Debug)]
+enum Entry {
+    Record(Slot),
+    /// Bytes put with [`RawStore::put_raw`] that are not a record: kept as they are so every
+    /// call on the key reports them as corrupt, until they expire or are purged.
+    Foreign { bytes: Bytes, expires: Instant },
+}
+
+#[derive(Debug)]
+struct Slot {
+    state: State,
+    owner: OwnerToken,
+    fencing: FencingToken,
+    fingerprint: Option<Fingerprint>,
+    created: Instant,
+    /// End of the lease (reserved) or of the retention (completed), on the store's clock.
+    expires: Instant,
+    /// Waiters' wake-up, created by the first waiter only: an uncontended reservation
+    /// allocates nothing for it.
+    waiters: Option<Arc<Notify>>,
+}
+
+#[derive(Debug)]
+enum State {
+    Reserved,
+    Completed(StoredOutcome),
+}
+
+impl Entry {
+    fn expires(&self) -> Instant {
+        match self {
+            Entry::Record(slot) => slot.expires,
+            Entry::Foreign { expires, .. } => *expires,
+        }
+    }
+}
+
+impl Slot {
+    fn owned_by(&self, lease: &Lease) -> bool {
+        self.owner == lease.owner && self.fencing == lease.fencing
+    }
+
+    fn wake_waiters(&mut self) {
+        if let Some(n) = self.waiters.take() {
+            n.notify_waiters();
+        }
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStore {
+    /// An empty store.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// let store = idemkit_core::MemoryStore::new();
+    /// assert_eq!(store.len(), 0);
+    /// ```
+    pub fn new() -> Self {
+        let shards = (0..SHARDS)
+            .map(|_| Mutex::new(Shard { map: HashMap::new(), sweep_at: MIN_SWEEP }))
+            .collect();
+        MemoryStore {
+            inner: Arc::new(Inner {
+                shards,
+                hasher: RandomState::new(),
+                next_fencing: AtomicU64::new(1),
+                clock: Clock::system(),
+            }),
+        }
+    }
+
+    /// Entries held, expired ones not yet swept included.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// assert!(idemkit_core::MemoryStore::new().is_empty());
+    /// ```
+    pub fn len(&self) -> usize {
+        self.inner.shards.iter().map(|s| lock(s).map.len()).sum()
+    }
+
+    /// Whether no entries are held.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// assert!(idemkit_core::MemoryStore::new().is_empty());
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops every expired entry now and returns how many were dropped. Not needed for
+    /// bounded memory (inserts sweep as they go), but useful before measuring.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// assert_eq!(idemkit_core::MemoryStore::new().purge_expired(), 0);
+    /// ```
+    pub fn purge_expired(&self) -> usize {
+        let now = self.inner.clock.now();
+        self.inner
+            .shards
+            .iter()
+            .map(|s| {
+                let mut s = lock(s);
+                let before = s.map.len();
+                s.map.retain(|_, e| e.expires() > now);
+                before - s.map.len()
+            })
+            .sum()
+    }
+
+    fn shard(&self, key: &StorageKey) -> MutexGuard<'_, Shard> {
+        let h = self.inner.hasher.hash_one(key.as_str()) as usize;
+        lock(&self.inner.shards[h % SHARDS])
+    }
+
+    fn next_fencing(&self) -> FencingToken {
+        FencingToken::new(self.inner.next_fencing.fetch_add(1, Ordering::Relaxed))
+    }
+
+    fn new_slot(&self, req: &BeginRequest<'_>, now: Instant) -> Slot {
+        Slot {
+            state: State::Reserved,
+            owner: req.owner,
+            fencing: self.next_fencing(),
+            fingerprint: req.fingerprint,
+            created: now,
+            expires: now + req.lease,
+            waiters: None,
+        }
+    }
+}
+
+fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    // No code panics while holding a shard lock; if one ever did, the map is still
+    // consistent (every mutation is a single assignment), so keep serving.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn corrupt(bytes: &Bytes) -> StoreError {
+    match Record::decode(bytes) {
+        Err(e) => StoreError::corrupt(e),
+        Ok(_) => StoreError::corrupt("unreadable record"),
+    }
+}
+
+impl Shard {
+    fn sweep_if_due(&mut self, now: Instant) {
+        if self.map.len() >= self.sweep_at {
+            self.map.retain(|_, e| e.expires() > now);
+            self.sweep_at = (self.map.len() * 2).max(MIN_SWEEP);
+        }
+    }
+}
+
+impl Store for MemoryStore {
+    async fn begin(&self, req: &BeginRequest<'_>) -> Result<Begin, StoreError> {
+        let now = self.inner.clock.now();
+        let mut shard = self.shard(req.key);
+        match shard.map.get_mut(req.key.as_str()) {
+            Some(Entry::Record(slot)) if slot.expires > now => {
+                if slot.fingerprint != req.fingerprint {
+                    return Ok(Begin::Mismatch);
+                }
+                Ok(match &slot.state {
+                    State::Reserved => {
+                        Begin::InFlight { retry_after: slot.expires - now, fencing: slot.fencing }
+                    }
+                    State::Completed(o) => Begin::Completed(Completed::new(slot.fencing, o.clone())),
+                })
+            }
+            Some(Entry::Foreign { bytes, expires }) if *expires > now => Err(corrupt(bytes)),
+            Some(entry) => {
+                // Expired: a lease whose owner stopped renewing, or a record past its TTL.
+                // Reuse the map slot; the old owner's later writes fail its owner check.
+                let took_over = matches!(entry, Entry::Record(s) if matches!(s.state, State::Reserved));
+                if let Entry::Record(old) = entry {
+                    old.wake_waiters();
+                }
+                let slot = self.new_slot(req, now);
+                let lease = Lease::new(slot.owner, slot.fencing);
+                *entry = Entry::Record(slot);
+                Ok(Begin::Reserved { lease, took_over })
+            }
+            None => {
+                shard.sweep_if_due(now);
+                let slot = self.new_slot(req, now);
+                let lease = Lease::new(slot.owner, slot.fencing);
+                shard.map.insert(req.key.as_str().into(), Entry::Record(slot));
+                Ok(Begin::Reserved { lease, took_over: false })
+            }
+        }
+    }
+
+    async fn renew(&self, key: &StorageKey, lease: &Lease, ttl: Duration) -> Result<(), StoreError> {
+        let now = self.inner.clock.now();
+        let mut shard = self.shard(key);
+        match shard.map.get_mut(key.as_str()) {
+            Some(Entry::Record(slot))
+                if slot.owned_by(lease)
+                    && matches!(slot.state, State::Reserved)
+                    && slot.expires > now =>
+            {
+                slot.expires = now + ttl;
+                Ok(())
+            }
+            _ => Err(StoreError::lease_lost()),
+        }
+    }
+
+    async fn complete(
+        &self,
+        key: &StorageKey,
+        lease: &Lease,
+        completion: &Completion,
+    ) -> Result<(), StoreError> {
+        let now = self.inner.clock.now();
+        let mut shard = self.shard(key);
+        match shard.map.get_mut(key.as_str()) {
+            Some(Entry::Record(slot)) if slot.owned_by(lease) => match slot.state {
+                State::Reserved if slot.expires > now => {
+                    slot.state = State::Completed(StoredOutcome::new(
+                        completion.kind,
+                        completion.bytes.clone(),
+                    ));
+                    slot.expires = now + completion.ttl;
+                    slot.wake_waiters();
+                    Ok(())
+                }
+                // Our own completion, retried: already done.
+                State::Completed(_) => Ok(()),
+                State::Reserved => Err(StoreError::lease_lost()),
+            },
+            _ => Err(StoreError::lease_lost()),
+        }
+    }
+
+    async fn release(&self, key: &StorageKey, lease: &Lease) -> Result<(), StoreError> {
+        let now = self.inner.clock.now();
+        let mut shard = self.shard(key);
+        match shard.map.get_mut(key.as_str()) {
+            Some(Entry::Record(slot))
+                if slot.owned_by(lease)
+                    && matches!(slot.state, State::Reserved)
+                    && slot.expires > now =>
+            {
+                slot.wake_waiters();
+                shard.map.remove(key.as_str());
+                Ok(())
+            }
+            _ => Err(StoreError::lease_lost()),
+        }
+    }
+
+    async fn wait(
+        &self,
+        key: &StorageKey,
+        seen: FencingToken,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        let now = self.inner.clock.now();
+        let notify: Arc<Notify>;
+        let notified;
+        let until;
+        {
+            let mut shard = self.shard(key);
+            match shard.map.get_mut(key.as_str()) {
+                Some(Entry::Record(slot))
+                    if slot.fencing == seen
+                        && matches!(slot.state, State::Reserved)
+                        && slot.expires > now =>
+                {
+                    notify = slot.waiters.get_or_insert_with(Default::default).clone();
+                    // Created under the lock: `notify_waiters` reaches a `Notified` from the
+                    // moment it exists, so a completion right after we unlock is not missed.
+                    notified = notify.notified();
+                    // Wake at the lease's end at the latest: expiry has no event to push.
+                    until = slot.expires.min(now + timeout);
+                }
+                _ => return Ok(()),
+            }
+        }
+        let _ = tokio::time::timeout_at(until, notified).await;
+        Ok(())
+    }
+
+    async fn get(&self, key: &StorageKey) -> Result<Option<Record>, StoreError> {
+        let now = self.inner.clock.now();
+        let shard = self.shard(key);
+        let clock = &self.inner.clock;
+        match shard.map.get(key.as_str()) {
+            Some(Entry::Record(slot)) if slot.expires > now => Ok(Some(Record {
+                state: match &slot.state {
+                    State::Reserved => RecordState::Reserved,
+                    State::Completed(o) => RecordState::Completed(o.clone()),
+                },
+                owner: slot.owner,
+                fencing: slot.fencing,
+                fingerprint: slot.fingerprint,
+                created_at_ms: clock.unix_ms(slot.created),
+                expires_at_ms: clock.unix_ms(slot.expires),
+            })),
+            Some(Entry::Foreign { bytes, expires }) if *expires > now => Err(corrupt(bytes)),
+            _ => Ok(None),
+        }
+    }
+}
+
+impl RawStore for MemoryStore {
+    async fn put_raw(&self, key: &StorageKey, bytes: Bytes, ttl: Duration) -> Result<(), StoreError> {
+        let now = self.inner.clock.now();
+        let expires = now + ttl;
+        let entry = match Record::decode(&bytes) {
+            Ok(r) => {
+                // Keep the fencing sequence above anything written by hand.
+                self.inner.next_fencing.fetch_max(r.fencing.get() + 1, Ordering::Relaxed);
+                Entry::Record(Slot {
+                    state: match r.state {
+                        RecordState::Completed(o) => State::Completed(o),
+                        _ => State::Reserved,
+                    },
+                    owner: r.owner,
+                    fencing: r.fencing,
+                    fingerprint: r.fingerprint,
+                    created: now,
+                    expires,
+                    waiters: None,
+                })
+            }
+            Err(_) => Entry::Foreign { bytes, expires },
+        };
+        let mut shard = self.shard(key);
+        shard.sweep_if_due(now);
+        if let Some(Entry::Record(mut old)) = shard.map.insert(key.as_str().into(), entry) {
+            old.wake_waiters();
+        }
+        Ok(())
+    }
+
+    async fn purge(&self, key: &StorageKey) -> Result<bool, StoreError> {
+        let mut shard = self.shard(key);
+        match shard.map.remove(key.as_str()) {
+            Some(Entry::Record(mut old)) => {
+                old.wake_waiters();
+                Ok(true)
+            }
+            Some(Entry::Foreign { .. }) => Ok(true),
+            None => Ok(false),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Key, Operation, OutcomeKind};
+
+    fn key(i: usize) -> StorageKey {
+        StorageKey::new(&Operation::new("op").unwrap(), None, &Key::new(format!("k{i}")).unwrap())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn memory_stays_bounded_under_ttl_churn() {
+        let store = MemoryStore::new();
+        let ttl = Duration::from_secs(1);
+        let mut peak = 0;
+        // 40 rounds of 5,000 fresh keys, each completed with a 1 s TTL, then 2 s pass: only
+        // one round is ever live, so the store must not keep all 200,000.
+        for round in 0..40 {
+            for i in 0..5_000 {
+                let k = key(round * 5_000 + i);
+                let req = BeginRequest::new(&k, OwnerToken::random(), ttl);
+                let Begin::Reserved { lease, .. } = store.begin(&req).await.unwrap() else {
+                    panic!("fresh key not reserved")
+                };
+                let c = Completion::new(OutcomeKind::Value, "1", ttl);
+                store.complete(&k, &lease, &c).await.unwrap();
+            }
+            peak = peak.max(store.len());
+            tokio::time::advance(Duration::from_secs(2)).await;
+        }
+        // Live at any time: 5,000. Bound: about twice the live set per shard plus the floor.
+        assert!(peak <= 2 * 5_000 + SHARDS * MIN_SWEEP, "peak {peak} entries");
+        assert!(peak < 200_000 / 4, "peak {peak} entries: expired records are not evicted");
+        store.purge_expired();
+        assert_eq!(store.len(), 0, "every record is past its TTL");
+    }
+}

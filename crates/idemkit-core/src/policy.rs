@@ -1,0 +1,207 @@
+//! What the coordinator does in each situation the store reports.
+
+use std::time::Duration;
+
+/// What a caller does when another owner holds the key and is still running.
+///
+/// # Example
+///
+/// ```
+/// use idemkit_core::{InFlight, Policy};
+///
+/// let policy = Policy::default().in_flight(InFlight::Reject);
+/// assert_eq!(policy.in_flight, InFlight::Reject);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InFlight {
+    /// Wait for the owner's result (woken by the store when it completes or releases). The
+    /// wait follows the owner's lease: as long as the owner renews, the caller keeps waiting,
+    /// up to [`Policy::wait_timeout`] in all; if the owner's lease expires, the caller takes
+    /// the key over and runs the action itself. The default.
+    Wait,
+    /// Return [`Error::InFlight`](crate::Error::InFlight) at once, with the time left on the
+    /// owner's lease: a queue worker requeues, an HTTP handler answers 409 with `Retry-After`.
+    Reject,
+    /// Run the action anyway, unprotected (its result is not stored). Counted and logged.
+    Run,
+}
+
+/// What a caller does when the store fails before the action ran.
+///
+/// # Example
+///
+/// ```
+/// use idemkit_core::{OnStoreError, Policy};
+///
+/// assert_eq!(Policy::default().on_store_error, OnStoreError::FailClosed);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnStoreError {
+    /// Return [`Error::Store`](crate::Error::Store) and run nothing. The default: the
+    /// transports idemkit sits behind redeliver (queues) or retry (HTTP clients), so a refused
+    /// call is retried later, while a duplicate charge or email cannot be taken back.
+    FailClosed,
+    /// Run the action unprotected, log at `warn` and count `idemkit_unprotected_runs_total`.
+    /// Only for store *unavailability* ([`StoreErrorKind::Unavailable`]); a corrupt record or a
+    /// refused request always fails closed, so a bad record can never switch protection off.
+    ///
+    /// [`StoreErrorKind::Unavailable`]: crate::StoreErrorKind::Unavailable
+    FailOpen,
+}
+
+/// The coordinator's policy, set per coordinator and overridable per operation and per call.
+///
+/// | field | default | why |
+/// |---|---|---|
+/// | `in_flight` | [`InFlight::Wait`] | a duplicate gets the same answer as the original |
+/// | `on_store_error` | [`OnStoreError::FailClosed`] | see there |
+/// | `lease` | 15 s | renewed every third (5 s); a dead owner blocks its key for at most 15 s |
+/// | `wait_timeout` | 60 s | a waiter gives up with [`Error::InFlight`](crate::Error::InFlight) after this |
+/// | `ttl` | 24 h | outlives a day of redeliveries and dead-letter re-drives (the seed's usual choice) |
+/// | `max_result_bytes` | 1 MiB | a larger result is not stored; replays get `ResultUnavailable` |
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use idemkit_core::{InFlight, Policy};
+///
+/// let p = Policy::default().lease(Duration::from_secs(30)).in_flight(InFlight::Reject);
+/// assert_eq!(p.lease, Duration::from_secs(30));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Policy {
+    /// What to do about a concurrent duplicate.
+    pub in_flight: InFlight,
+    /// What to do when the store is unavailable before the action.
+    pub on_store_error: OnStoreError,
+    /// How long a reservation holds without renewal. Renewed every third of it.
+    pub lease: Duration,
+    /// The longest a waiter waits in all.
+    pub wait_timeout: Duration,
+    /// The default retention of a completed record (a call's `ttl` overrides it).
+    pub ttl: Duration,
+    /// The largest encoded result that is stored.
+    pub max_result_bytes: usize,
+}
+
+/// The shortest lease: renewing every third of it must still leave time to do anything.
+const MIN_LEASE: Duration = Duration::from_millis(3);
+
+impl Policy {
+    /// The defaults (see the table above).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use idemkit_core::Policy;
+    /// assert_eq!(Policy::new(), Policy::default());
+    /// ```
+    pub const fn new() -> Self {
+        Policy {
+            in_flight: InFlight::Wait,
+            on_store_error: OnStoreError::FailClosed,
+            lease: Duration::from_secs(15),
+            wait_timeout: Duration::from_secs(60),
+            ttl: Duration::from_secs(24 * 3600),
+            max_result_bytes: 1 << 20,
+        }
+    }
+
+    /// Sets [`Policy::in_flight`].
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use idemkit_core::{InFlight, Policy};
+    /// assert_eq!(Policy::new().in_flight(InFlight::Run).in_flight, InFlight::Run);
+    /// ```
+    pub const fn in_flight(mut self, in_flight: InFlight) -> Self {
+        self.in_flight = in_flight;
+        self
+    }
+
+    /// Sets [`Policy::on_store_error`].
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use idemkit_core::{OnStoreError, Policy};
+    /// let p = Policy::new().on_store_error(OnStoreError::FailOpen);
+    /// assert_eq!(p.on_store_error, OnStoreError::FailOpen);
+    /// ```
+    pub const fn on_store_error(mut self, on_store_error: OnStoreError) -> Self {
+        self.on_store_error = on_store_error;
+        self
+    }
+
+    /// Sets [`Policy::lease`] (at least 3 ms).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use idemkit_core::Policy;
+    /// assert_eq!(Policy::new().lease(Duration::ZERO).lease, Duration::from_millis(3));
+    /// ```
+    pub const fn lease(mut self, lease: Duration) -> Self {
+        self.lease = if lease.as_nanos() < MIN_LEASE.as_nanos() { MIN_LEASE } else { lease };
+        self
+    }
+
+    /// Sets [`Policy::wait_timeout`].
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use idemkit_core::Policy;
+    /// assert_eq!(Policy::new().wait_timeout(Duration::from_secs(5)).wait_timeout.as_secs(), 5);
+    /// ```
+    pub const fn wait_timeout(mut self, wait_timeout: Duration) -> Self {
+        self.wait_timeout = wait_timeout;
+        self
+    }
+
+    /// Sets [`Policy::ttl`].
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use idemkit_core::Policy;
+    /// assert_eq!(Policy::new().ttl(Duration::from_secs(7 * 86400)).ttl.as_secs(), 604800);
+    /// ```
+    pub const fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// Sets [`Policy::max_result_bytes`].
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use idemkit_core::Policy;
+    /// assert_eq!(Policy::new().max_result_bytes(64).max_result_bytes, 64);
+    /// ```
+    pub const fn max_result_bytes(mut self, max: usize) -> Self {
+        self.max_result_bytes = max;
+        self
+    }
+
+    /// How often an owner renews its lease: a third of it, so two renewals can fail (a store
+    /// blip) before the lease runs out under a live owner.
+    pub(crate) fn renew_every(&self) -> Duration {
+        self.lease / 3
+    }
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,261 @@
+//! [`Probe`]: a store wrapper that counts calls per phase and injects faults.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use idemkit_core::{
+    Begin, BeginRequest, Completion, FencingToken, Lease, RawStore, Record, StorageKey, Store,
+    StoreError,
+};
+use tokio::sync::Notify;
+
+/// A phase a [`Probe`] can fail.
+///
+/// # Example
+///
+/// ```
+/// use idemkit_core::MemoryStore;
+/// use idemkit_test::{Fault, Probe};
+///
+/// let probe = Probe::new(MemoryStore::new());
+/// probe.fail(Fault::Begin, true);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fault {
+    /// `begin` returns `Unavailable`.
+    Begin,
+    /// `renew` returns `Unavailable`.
+    Renew,
+    /// `complete` returns `Unavailable`.
+    Complete,
+    /// `release` returns `Unavailable`.
+    Release,
+}
+
+/// Calls seen by a [`Probe`], per phase.
+///
+/// # Example
+///
+/// ```
+/// let counts = idemkit_test::ProbeCounts::default();
+/// assert_eq!(counts.total(), 0);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ProbeCounts {
+    /// `begin` calls.
+    pub begin: usize,
+    /// `renew` calls.
+    pub renew: usize,
+    /// `complete` calls.
+    pub complete: usize,
+    /// `release` calls.
+    pub release: usize,
+    /// `wait` calls.
+    pub wait: usize,
+    /// `get` calls.
+    pub get: usize,
+}
+
+impl ProbeCounts {
+    /// All calls: the store round trips of the calls observed.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// assert_eq!(idemkit_test::ProbeCounts::default().total(), 0);
+    /// ```
+    pub fn total(&self) -> usize {
+        self.begin + self.renew + self.complete + self.release + self.wait + self.get
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    calls: [AtomicUsize; 6],
+    faults: [AtomicBool; 4],
+    /// While set, `complete` waits for [`Probe::open_complete`] before reaching the store.
+    hold_complete: AtomicBool,
+    complete_gate: Notify,
+}
+
+/// Wraps a store, counting calls per phase and failing chosen phases with `Unavailable`:
+/// an outage at exactly the phase a test needs. The wrapped store is real; only the fault is
+/// injected.
+///
+/// # Example
+///
+/// ```
+/// use idemkit_core::MemoryStore;
+/// use idemkit_test::Probe;
+///
+/// let probe = Probe::new(MemoryStore::new());
+/// assert_eq!(probe.counts().begin, 0);
+/// ```
+#[derive(Debug, Clone)]
+pub struct Probe<S> {
+    inner: S,
+    state: Arc<State>,
+}
+
+impl<S: Store> Probe<S> {
+    /// Wraps a store.
+    ///
+    /// # Example
+    ///
+    /// See [`Probe`].
+    pub fn new(inner: S) -> Self {
+        Probe { inner, state: Arc::default() }
+    }
+
+    /// The wrapped store.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use idemkit_core::MemoryStore;
+    /// let probe = idemkit_test::Probe::new(MemoryStore::new());
+    /// assert!(probe.inner().is_empty());
+    /// ```
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    /// Makes a phase fail (`true`) or work (`false`).
+    ///
+    /// # Example
+    ///
+    /// See [`Fault`].
+    pub fn fail(&self, fault: Fault, on: bool) {
+        self.state.faults[fault as usize].store(on, Ordering::SeqCst);
+    }
+
+    /// Makes `complete` wait until [`open_complete`](Probe::open_complete).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use idemkit_core::MemoryStore;
+    /// let probe = idemkit_test::Probe::new(MemoryStore::new());
+    /// probe.hold_complete();
+    /// probe.open_complete();
+    /// ```
+    pub fn hold_complete(&self) {
+        self.state.hold_complete.store(true, Ordering::SeqCst);
+    }
+
+    /// Lets held and future `complete` calls through.
+    ///
+    /// # Example
+    ///
+    /// See [`hold_complete`](Probe::hold_complete).
+    pub fn open_complete(&self) {
+        self.state.hold_complete.store(false, Ordering::SeqCst);
+        self.state.complete_gate.notify_waiters();
+    }
+
+    /// Calls so far.
+    ///
+    /// # Example
+    ///
+    /// See [`Probe`].
+    pub fn counts(&self) -> ProbeCounts {
+        let c = |i: usize| self.state.calls[i].load(Ordering::SeqCst);
+        ProbeCounts {
+            begin: c(0),
+            renew: c(1),
+            complete: c(2),
+            release: c(3),
+            wait: c(4),
+            get: c(5),
+        }
+    }
+
+    /// Resets the counts to zero.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use idemkit_core::MemoryStore;
+    /// let probe = idemkit_test::Probe::new(MemoryStore::new());
+    /// probe.reset_counts();
+    /// assert_eq!(probe.counts().total(), 0);
+    /// ```
+    pub fn reset_counts(&self) {
+        for c in &self.state.calls {
+            c.store(0, Ordering::SeqCst);
+        }
+    }
+
+    fn enter(&self, call: usize, fault: Option<Fault>) -> Result<(), StoreError> {
+        self.state.calls[call].fetch_add(1, Ordering::SeqCst);
+        match fault {
+            Some(f) if self.state.faults[f as usize].load(Ordering::SeqCst) => {
+                Err(StoreError::unavailable(format!("injected {f:?} outage")))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl<S: Store> Store for Probe<S> {
+    async fn begin(&self, req: &BeginRequest<'_>) -> Result<Begin, StoreError> {
+        self.enter(0, Some(Fault::Begin))?;
+        self.inner.begin(req).await
+    }
+
+    async fn renew(&self, key: &StorageKey, lease: &Lease, ttl: Duration) -> Result<(), StoreError> {
+        self.enter(1, Some(Fault::Renew))?;
+        self.inner.renew(key, lease, ttl).await
+    }
+
+    async fn complete(
+        &self,
+        key: &StorageKey,
+        lease: &Lease,
+        completion: &Completion,
+    ) -> Result<(), StoreError> {
+        self.enter(2, Some(Fault::Complete))?;
+        loop {
+            let opened = self.state.complete_gate.notified();
+            if !self.state.hold_complete.load(Ordering::SeqCst) {
+                break;
+            }
+            opened.await;
+        }
+        self.inner.complete(key, lease, completion).await
+    }
+
+    async fn release(&self, key: &StorageKey, lease: &Lease) -> Result<(), StoreError> {
+        self.enter(3, Some(Fault::Release))?;
+        self.inner.release(key, lease).await
+    }
+
+    async fn wait(
+        &self,
+        key: &StorageKey,
+        seen: FencingToken,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        self.enter(4, None)?;
+        self.inner.wait(key, seen, timeout).await
+    }
+
+    async fn get(&self, key: &StorageKey) -> Result<Option<Record>, StoreError> {
+        self.enter(5, None)?;
+        self.inner.get(key).await
+    }
+}
+
+impl<S: RawStore> RawStore for Probe<S> {
+    async fn put_raw(&self, key: &StorageKey, bytes: Bytes, ttl: Duration) -> Result<(), StoreError> {
+        self.inner.put_raw(key, bytes, ttl).await
+    }
+
+    async fn purge(&self, key: &StorageKey) -> Result<bool, StoreError> {
+        self.inner.purge(key).await
+    }
+}

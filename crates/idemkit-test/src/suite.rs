@@ -1,0 +1,394 @@
+//! The conformance checks. Each takes a [`Harness`] and panics on a violation of the
+//! [`Store`] contract; [`store_conformance!`](crate::store_conformance) wraps each in a test.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use idemkit_core::{
+    Begin, BeginRequest, Completion, Fingerprint, FencingToken, Lease, OutcomeKind, OwnerToken,
+    Record, RecordState, Store, StoreErrorKind, RawStore, StorageKey,
+};
+use tokio::time::Instant;
+
+use crate::{Harness, unique_key};
+
+const LEASE: Duration = Duration::from_millis(1_000);
+const TTL: Duration = Duration::from_secs(60);
+
+fn req(key: &StorageKey) -> BeginRequest<'_> {
+    BeginRequest::new(key, OwnerToken::random(), LEASE)
+}
+
+async fn reserve<S: Store>(store: &S, key: &StorageKey) -> Lease {
+    match store.begin(&req(key)).await.expect("begin") {
+        Begin::Reserved { lease, .. } => lease,
+        other => panic!("expected a reservation, got {other:?}"),
+    }
+}
+
+fn value(bytes: &'static str) -> Completion {
+    Completion::new(OutcomeKind::Value, Bytes::from_static(bytes.as_bytes()), TTL)
+}
+
+fn assert_lease_lost<T: std::fmt::Debug>(r: Result<T, idemkit_core::StoreError>, what: &str) {
+    match r {
+        Err(e) if e.kind() == StoreErrorKind::LeaseLost => {}
+        other => panic!("{what}: expected LeaseLost, got {other:?}"),
+    }
+}
+
+/// 32 concurrent `begin`s on one key: exactly one reserves, every other sees it in flight.
+pub async fn reserve_once_under_contention<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let key = unique_key("contention");
+    let tasks: Vec<_> = (0..32)
+        .map(|_| {
+            let (store, key) = (store.clone(), key.clone());
+            tokio::spawn(async move { store.begin(&req(&key)).await.expect("begin") })
+        })
+        .collect();
+    let mut reserved = 0;
+    let mut in_flight = 0;
+    for t in tasks {
+        match t.await.expect("task") {
+            Begin::Reserved { .. } => reserved += 1,
+            Begin::InFlight { retry_after, .. } => {
+                assert!(retry_after <= LEASE, "retry_after {retry_after:?} beyond the lease");
+                in_flight += 1;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!((reserved, in_flight), (1, 31));
+}
+
+/// A completed key returns its outcome, bytes and fencing token, to any later caller.
+pub async fn replay_returns_the_completed_outcome<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let key = unique_key("replay");
+    let lease = reserve(&store, &key).await;
+    store.complete(&key, &lease, &value("\"em_1\"")).await.expect("complete");
+    for _ in 0..2 {
+        match store.begin(&req(&key)).await.expect("begin") {
+            Begin::Completed(c) => {
+                assert_eq!(c.fencing, lease.fencing);
+                assert_eq!(c.outcome.kind(), OutcomeKind::Value);
+                assert_eq!(&c.outcome.bytes()[..], b"\"em_1\"");
+            }
+            other => panic!("expected a replay, got {other:?}"),
+        }
+    }
+    // The other outcome kinds round-trip too.
+    for kind in [OutcomeKind::PermanentError, OutcomeKind::Unavailable] {
+        let key = unique_key("replay-kind");
+        let lease = reserve(&store, &key).await;
+        let c = Completion::new(kind, Bytes::from_static(b"why"), TTL);
+        store.complete(&key, &lease, &c).await.expect("complete");
+        match store.begin(&req(&key)).await.expect("begin") {
+            Begin::Completed(c) => assert_eq!(c.outcome.kind(), kind),
+            other => panic!("expected a replay, got {other:?}"),
+        }
+    }
+}
+
+/// A different fingerprint is refused while the key is reserved and after it completed;
+/// "no fingerprint" is a value of its own.
+pub async fn fingerprint_mismatch_is_reported<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let key = unique_key("fingerprint");
+    let a = Some(Fingerprint::of(b"amount=100"));
+    let b = Some(Fingerprint::of(b"amount=200"));
+    let with = |fp| req(&key).with_fingerprint(fp);
+    let Begin::Reserved { lease, .. } = store.begin(&with(a)).await.expect("begin") else {
+        panic!("not reserved")
+    };
+    assert_eq!(store.begin(&with(b)).await.expect("begin"), Begin::Mismatch);
+    assert!(matches!(store.begin(&with(a)).await.expect("begin"), Begin::InFlight { .. }));
+    store.complete(&key, &lease, &value("1")).await.expect("complete");
+    assert_eq!(store.begin(&with(b)).await.expect("begin"), Begin::Mismatch);
+    assert_eq!(store.begin(&with(None)).await.expect("begin"), Begin::Mismatch);
+    assert!(matches!(store.begin(&with(a)).await.expect("begin"), Begin::Completed(_)));
+}
+
+/// After the lease runs out, the next `begin` takes the key over with a higher fencing token.
+pub async fn lease_expiry_allows_takeover<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let key = unique_key("takeover");
+    let first = reserve(&store, &key).await;
+    h.advance(LEASE + Duration::from_millis(100)).await;
+    match store.begin(&req(&key)).await.expect("begin") {
+        Begin::Reserved { lease, took_over } => {
+            assert!(took_over, "an expired lease was replaced without took_over");
+            assert!(lease.fencing > first.fencing);
+            assert_ne!(lease.owner, first.owner);
+        }
+        other => panic!("expected a takeover, got {other:?}"),
+    }
+}
+
+/// An owner whose lease expired and whose key was taken over can neither extend, overwrite
+/// nor delete its successor's reservation or record.
+pub async fn stale_owner_cannot_renew_complete_or_release<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let key = unique_key("stale");
+    let stale = reserve(&store, &key).await;
+    // Expired, not yet taken over: the stale owner is already out.
+    h.advance(LEASE + Duration::from_millis(100)).await;
+    assert_lease_lost(store.renew(&key, &stale, LEASE).await, "renew after expiry");
+    let fresh = reserve(&store, &key).await;
+
+    assert_lease_lost(store.renew(&key, &stale, LEASE).await, "stale renew");
+    assert_lease_lost(store.complete(&key, &stale, &value("\"stale\"")).await, "stale complete");
+    assert_lease_lost(store.release(&key, &stale).await, "stale release");
+    let rec = store.get(&key).await.expect("get").expect("the fresh reservation is there");
+    assert_eq!((rec.state, rec.owner, rec.fencing), (RecordState::Reserved, fresh.owner, fresh.fencing));
+
+    store.complete(&key, &fresh, &value("\"fresh\"")).await.expect("fresh complete");
+    assert_lease_lost(store.complete(&key, &stale, &value("\"stale\"")).await, "stale overwrite");
+    assert_lease_lost(store.release(&key, &stale).await, "stale delete");
+    match store.begin(&req(&key)).await.expect("begin") {
+        Begin::Completed(c) => {
+            assert_eq!(&c.outcome.bytes()[..], b"\"fresh\"");
+            assert_eq!(c.fencing, fresh.fencing);
+        }
+        other => panic!("expected the fresh owner's record, got {other:?}"),
+    }
+}
+
+/// Release deletes the owner's reservation: the next caller reserves at once.
+pub async fn release_frees_the_key<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let key = unique_key("release");
+    let first = reserve(&store, &key).await;
+    store.release(&key, &first).await.expect("release");
+    assert_eq!(store.get(&key).await.expect("get"), None);
+    match store.begin(&req(&key)).await.expect("begin") {
+        Begin::Reserved { lease, took_over } => {
+            assert!(!took_over);
+            assert!(lease.fencing > first.fencing);
+        }
+        other => panic!("expected a reservation, got {other:?}"),
+    }
+    // Releasing twice is not an owner's success: the key is no longer ours.
+    assert_lease_lost(store.release(&key, &first).await, "second release");
+}
+
+/// Renewal pushes the lease's end out from the moment of renewal.
+pub async fn renew_extends_the_lease<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let key = unique_key("renew");
+    let lease = reserve(&store, &key).await;
+    h.advance(Duration::from_millis(600)).await;
+    store.renew(&key, &lease, LEASE).await.expect("renew");
+    h.advance(Duration::from_millis(600)).await;
+    // 1.2 s after reserving with a 1 s lease: alive only because of the renewal.
+    match store.begin(&req(&key)).await.expect("begin") {
+        Begin::InFlight { fencing, retry_after } => {
+            assert_eq!(fencing, lease.fencing);
+            assert!(retry_after <= Duration::from_millis(400), "retry_after {retry_after:?}");
+        }
+        other => panic!("expected the renewed lease in flight, got {other:?}"),
+    }
+    h.advance(Duration::from_millis(600)).await;
+    assert!(matches!(store.begin(&req(&key)).await.expect("begin"), Begin::Reserved { .. }));
+}
+
+async fn wait_wakes_on<H: Harness>(h: &H, complete: bool) {
+    let store = h.store().await;
+    let key = unique_key("wait");
+    let lease = reserve(&store, &key).await;
+    let timeout = Duration::from_secs(30);
+    // Renew far beyond the wait, so only a push can end it early.
+    store.renew(&key, &lease, Duration::from_secs(60)).await.expect("renew");
+    let waiter = {
+        let (store, key) = (store.clone(), key.clone());
+        tokio::spawn(async move {
+            let started = Instant::now();
+            store.wait(&key, lease.fencing, timeout).await.expect("wait");
+            started.elapsed()
+        })
+    };
+    h.advance(Duration::from_millis(50)).await; // let the waiter subscribe
+    if complete {
+        store.complete(&key, &lease, &value("1")).await.expect("complete");
+    } else {
+        store.release(&key, &lease).await.expect("release");
+    }
+    let waited = waiter.await.expect("waiter");
+    assert!(waited < timeout / 2, "the waiter was not woken (waited {waited:?})");
+}
+
+/// A waiter returns when the owner completes, long before its timeout.
+pub async fn wait_wakes_on_completion<H: Harness>(h: &H) {
+    wait_wakes_on(h, true).await;
+}
+
+/// A waiter returns when the owner releases, long before its timeout.
+pub async fn wait_wakes_on_release<H: Harness>(h: &H) {
+    wait_wakes_on(h, false).await;
+}
+
+/// Waiting on a reservation that is already gone (or never was) returns at once.
+pub async fn wait_returns_at_once_when_already_changed<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let key = unique_key("wait-stale");
+    let lease = reserve(&store, &key).await;
+    store.complete(&key, &lease, &value("1")).await.expect("complete");
+    let started = Instant::now();
+    store.wait(&key, lease.fencing, Duration::from_secs(30)).await.expect("wait");
+    store.wait(&unique_key("absent"), FencingToken::new(1), Duration::from_secs(30)).await.expect("wait");
+    assert!(started.elapsed() < Duration::from_secs(10), "waited on a finished key");
+}
+
+/// With no push (the owner died), a waiter returns when the lease runs out.
+pub async fn wait_ends_at_lease_expiry<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let key = unique_key("wait-expiry");
+    let lease = reserve(&store, &key).await;
+    let started = Instant::now();
+    store.wait(&key, lease.fencing, Duration::from_secs(30)).await.expect("wait");
+    let waited = started.elapsed();
+    assert!(waited < Duration::from_secs(10), "waited {waited:?} past a 1 s lease");
+    assert!(matches!(
+        store.begin(&req(&key)).await.expect("begin"),
+        Begin::Reserved { took_over: true, .. }
+    ));
+}
+
+/// Bytes under a key that are not a record of ours give `Corrupt`, never a panic and never a
+/// silent overwrite; purging them frees the key.
+pub async fn corrupt_and_foreign_records_are_typed_errors<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let good = Record {
+        state: RecordState::Reserved,
+        owner: OwnerToken::random(),
+        fencing: FencingToken::new(1),
+        fingerprint: None,
+        created_at_ms: 0,
+        expires_at_ms: 0,
+    }
+    .encode();
+    let mut future_version = good.clone();
+    future_version[3] = 99;
+    let truncated = good[..good.len() - 3].to_vec();
+    for bytes in [
+        b"garbage".to_vec(),
+        b"{\"status\":\"done\"}".to_vec(),
+        Vec::new(),
+        future_version,
+        truncated,
+    ] {
+        let key = unique_key("corrupt");
+        store.put_raw(&key, Bytes::from(bytes.clone()), TTL).await.expect("put_raw");
+        assert_eq!(err_kind(store.begin(&req(&key)).await), StoreErrorKind::Corrupt, "{bytes:?}");
+        assert_eq!(err_kind(store.get(&key).await), StoreErrorKind::Corrupt, "{bytes:?}");
+        // Still there after the failed calls: nothing was silently replaced.
+        assert_eq!(err_kind(store.begin(&req(&key)).await), StoreErrorKind::Corrupt, "{bytes:?}");
+        assert!(store.purge(&key).await.expect("purge"));
+        assert!(matches!(store.begin(&req(&key)).await.expect("begin"), Begin::Reserved { .. }));
+    }
+}
+
+fn err_kind<T: std::fmt::Debug>(r: Result<T, idemkit_core::StoreError>) -> StoreErrorKind {
+    match r {
+        Err(e) => e.kind(),
+        Ok(v) => panic!("expected an error, got {v:?}"),
+    }
+}
+
+/// A completed record lives exactly its TTL (sub-second, not rounded to seconds or minutes).
+pub async fn completed_ttl_is_exact<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let key = unique_key("ttl");
+    let lease = reserve(&store, &key).await;
+    let c = Completion::new(OutcomeKind::Value, Bytes::from_static(b"1"), Duration::from_millis(1_500));
+    store.complete(&key, &lease, &c).await.expect("complete");
+    let rec = store.get(&key).await.expect("get").expect("record");
+    h.advance(Duration::from_millis(1_350)).await;
+    assert!(
+        matches!(store.begin(&req(&key)).await.expect("begin"), Begin::Completed(_)),
+        "expired before its 1.5 s TTL"
+    );
+    h.advance(Duration::from_millis(300)).await;
+    assert!(
+        matches!(store.begin(&req(&key)).await.expect("begin"), Begin::Reserved { .. }),
+        "alive after its 1.5 s TTL (expires_at_ms {})",
+        rec.expires_at_ms
+    );
+}
+
+/// Completing twice with the same lease succeeds and changes nothing (a retried completion).
+pub async fn completion_is_idempotent_for_its_owner<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let key = unique_key("complete-twice");
+    let lease = reserve(&store, &key).await;
+    store.complete(&key, &lease, &value("\"a\"")).await.expect("complete");
+    store.complete(&key, &lease, &value("\"a\"")).await.expect("complete again");
+    match store.begin(&req(&key)).await.expect("begin") {
+        Begin::Completed(c) => assert_eq!(&c.outcome.bytes()[..], b"\"a\""),
+        other => panic!("expected a replay, got {other:?}"),
+    }
+    // A completed key cannot be renewed or released by its owner either.
+    assert_lease_lost(store.renew(&key, &lease, LEASE).await, "renew completed");
+    assert_lease_lost(store.release(&key, &lease).await, "release completed");
+}
+
+/// Across release, expiry, takeover and TTL expiry, each new reservation's token is larger.
+pub async fn fencing_tokens_strictly_increase<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let key = unique_key("fencing");
+    let first = reserve(&store, &key).await.fencing;
+    let mut tokens = vec![first];
+    let l = reserve_after_release(&store, &key, first).await;
+    tokens.push(l.fencing);
+    h.advance(LEASE + Duration::from_millis(100)).await;
+    let l = reserve(&store, &key).await;
+    tokens.push(l.fencing);
+    let c = Completion::new(OutcomeKind::Value, Bytes::from_static(b"1"), Duration::from_millis(200));
+    store.complete(&key, &l, &c).await.expect("complete");
+    h.advance(Duration::from_millis(300)).await;
+    tokens.push(reserve(&store, &key).await.fencing);
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "fencing tokens {tokens:?}");
+}
+
+async fn reserve_after_release<S: Store>(store: &S, key: &StorageKey, seen: FencingToken) -> Lease {
+    let rec = store.get(key).await.expect("get").expect("reserved");
+    assert_eq!(rec.fencing, seen);
+    store.release(key, &Lease::new(rec.owner, rec.fencing)).await.expect("release");
+    reserve(store, key).await
+}
+
+/// `get` shows the live record: state, owner, fencing, fingerprint and times.
+pub async fn get_reports_the_record<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let key = unique_key("get");
+    assert_eq!(store.get(&key).await.expect("get"), None);
+    let fp = Fingerprint::of(b"req");
+    let r = req(&key).with_fingerprint(Some(fp));
+    let Begin::Reserved { lease, .. } = store.begin(&r).await.expect("begin") else {
+        panic!("not reserved")
+    };
+    let rec = store.get(&key).await.expect("get").expect("record");
+    assert_eq!(rec.state, RecordState::Reserved);
+    assert_eq!((rec.owner, rec.fencing, rec.fingerprint), (lease.owner, lease.fencing, Some(fp)));
+    let lease_ms = rec.expires_at_ms.saturating_sub(rec.created_at_ms);
+    assert!((900..=1_100).contains(&lease_ms), "lease of {lease_ms} ms, asked 1000");
+    store.complete(&key, &lease, &value("\"x\"")).await.expect("complete");
+    let rec = store.get(&key).await.expect("get").expect("record");
+    match rec.state {
+        RecordState::Completed(o) => assert_eq!(&o.bytes()[..], b"\"x\""),
+        other => panic!("expected completed, got {other:?}"),
+    }
+}
+
+/// `purge` deletes whatever is there, whoever owns it, and says whether there was anything.
+pub async fn purge_removes_anything<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let key = unique_key("purge");
+    assert!(!store.purge(&key).await.expect("purge"));
+    let lease = reserve(&store, &key).await;
+    assert!(store.purge(&key).await.expect("purge"));
+    assert_eq!(store.get(&key).await.expect("get"), None);
+    // The purged owner's lease is gone with it.
+    assert_lease_lost(store.complete(&key, &lease, &value("1")).await, "complete after purge");
+}
