@@ -46,7 +46,10 @@ struct Mailer {
 
 impl Mailer {
     fn slow(delay: Duration) -> Self {
-        Mailer { sent: Arc::default(), delay }
+        Mailer {
+            sent: Arc::default(),
+            delay,
+        }
     }
 
     async fn send_invoice(&self, _order_id: u32) -> Result<String, Infallible> {
@@ -129,8 +132,10 @@ where
             two_workers(store(), InFlight::Reject).await,
         ],
         keys: vec![
-            two_jobs_one_order(store(), "key = job id: two jobs for order-9", |j| j.job_id.clone())
-                .await,
+            two_jobs_one_order(store(), "key = job id: two jobs for order-9", |j| {
+                j.job_id.clone()
+            })
+            .await,
             two_jobs_one_order(store(), "key = 'order-9:invoice': the same two jobs", |j| {
                 format!("order-{}:invoice", j.order_id)
             })
@@ -139,8 +144,10 @@ where
                 format!("order-{}.invoice", j.order_id)
             })
             .await,
-            two_jobs_one_order(store(), "key = '' (order id field missing)", |_| String::new())
-                .await,
+            two_jobs_one_order(store(), "key = '' (order id field missing)", |_| {
+                String::new()
+            })
+            .await,
         ],
     }
 }
@@ -167,7 +174,10 @@ async fn keyed<S: Store>(
 }
 
 fn order_9(job_id: &str) -> Job {
-    Job { job_id: job_id.to_string(), order_id: 9 }
+    Job {
+        job_id: job_id.to_string(),
+        order_id: 9,
+    }
 }
 
 async fn crash_before_ack<S: Store>(coordinator: Option<&Coordinator<S>>) -> CrashRow {
@@ -177,7 +187,10 @@ async fn crash_before_ack<S: Store>(coordinator: Option<&Coordinator<S>>) -> Cra
     let mut crashed = false;
     while let Some(d) = queue.receive().await {
         let result = match coordinator {
-            None => mailer.send_invoice(d.job.order_id).await.map_err(Error::Action),
+            None => mailer
+                .send_invoice(d.job.order_id)
+                .await
+                .map_err(Error::Action),
             Some(c) => keyed(c, d.job.job_id.clone(), &d.job, &mailer).await,
         };
         assert!(result.is_ok(), "the handler failed: {result:?}");
@@ -201,7 +214,9 @@ async fn crash_before_ack<S: Store>(coordinator: Option<&Coordinator<S>>) -> Cra
 }
 
 async fn two_workers<S: Store>(store: S, mode: InFlight) -> WorkersRow {
-    let c = Coordinator::builder(store).policy(Policy::default().in_flight(mode)).build();
+    let c = Coordinator::builder(store)
+        .policy(Policy::default().in_flight(mode))
+        .build();
     let queue = Queue::new(VISIBILITY);
     let mailer = Mailer::slow(SLOW_MAIL);
     queue.push(order_9("job-1"));
@@ -240,7 +255,11 @@ async fn two_workers<S: Store>(store: S, mode: InFlight) -> WorkersRow {
         redelivery = Some(describe(r));
     }
     WorkersRow {
-        mode: if mode == InFlight::Wait { "wait" } else { "reject" },
+        mode: if mode == InFlight::Wait {
+            "wait"
+        } else {
+            "reject"
+        },
         results,
         mails: mailer.sent(),
         redelivery,
@@ -272,7 +291,13 @@ async fn two_jobs_one_order<S: Store>(
             }
         }
     }
-    KeyRow { label, key, mails: mailer.sent(), dead_lettered: queue.dead_letters(), error }
+    KeyRow {
+        label,
+        key,
+        mails: mailer.sent(),
+        dead_lettered: queue.dead_letters(),
+        error,
+    }
 }
 
 // ===== rendering =====
@@ -286,13 +311,22 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "Experiment 1: crash before the ack")?;
         for r in &self.crash {
-            writeln!(f, "{:<45}deliveries={}  mails sent={}", r.handler, r.deliveries, r.mails)?;
+            writeln!(
+                f,
+                "{:<45}deliveries={}  mails sent={}",
+                r.handler, r.deliveries, r.mails
+            )?;
         }
         writeln!(f)?;
         writeln!(f, "Experiment 2: two workers, one job")?;
         for r in &self.workers {
             let mode = format!("in_flight='{}'", r.mode);
-            write!(f, "{mode:<21}{:<44}mails sent={}", py_dict(&r.results), r.mails)?;
+            write!(
+                f,
+                "{mode:<21}{:<44}mails sent={}",
+                py_dict(&r.results),
+                r.mails
+            )?;
             if let Some(next) = &r.redelivery {
                 write!(f, "   (next delivery: '{next}')")?;
             }
@@ -330,22 +364,46 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_demo_reproduces_the_seed_with_one_mail_for_the_colon_key() {
         let report = run(MemoryStore::new).await;
-        let crash: Vec<_> = report.crash.iter().map(|r| (r.deliveries, r.mails)).collect();
+        let crash: Vec<_> = report
+            .crash
+            .iter()
+            .map(|r| (r.deliveries, r.mails))
+            .collect();
         assert_eq!(crash, [(2, 2), (2, 1)]);
 
         let wait = &report.workers[0];
         assert_eq!(py_dict(&wait.results), "{'A': 'em_1', 'B': 'em_1'}");
         assert_eq!((wait.mails, &wait.redelivery), (1, &None));
         let reject = &report.workers[1];
-        assert_eq!(py_dict(&reject.results), "{'A': 'em_1', 'B': 'in progress, requeue'}");
-        assert_eq!((reject.mails, reject.redelivery.as_deref()), (1, Some("em_1")));
+        assert_eq!(
+            py_dict(&reject.results),
+            "{'A': 'em_1', 'B': 'in progress, requeue'}"
+        );
+        assert_eq!(
+            (reject.mails, reject.redelivery.as_deref()),
+            (1, Some("em_1"))
+        );
 
-        let keys: Vec<_> = report.keys.iter().map(|r| (r.mails, r.dead_lettered)).collect();
+        let keys: Vec<_> = report
+            .keys
+            .iter()
+            .map(|r| (r.mails, r.dead_lettered))
+            .collect();
         assert_eq!(keys, [(2, 0), (1, 0), (1, 0), (0, 2)]);
-        assert!(report.keys[3].error.as_deref().unwrap().contains("key is empty"));
+        assert!(
+            report.keys[3]
+                .error
+                .as_deref()
+                .unwrap()
+                .contains("key is empty")
+        );
 
         let text = report.to_string();
-        assert!(text.contains("plain handler                                deliveries=2  mails sent=2"));
+        assert!(
+            text.contains(
+                "plain handler                                deliveries=2  mails sent=2"
+            )
+        );
         assert!(text.contains("in_flight='wait'     {'A': 'em_1', 'B': 'em_1'}"));
     }
 }

@@ -8,7 +8,11 @@ use clap::{Parser, Subcommand};
 use idemkit_core::MemoryStore;
 
 #[derive(Debug, Parser)]
-#[command(name = "idemkit", version, about = "Effects that happen once under at-least-once delivery")]
+#[command(
+    name = "idemkit",
+    version,
+    about = "Effects that happen once under at-least-once delivery"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -26,7 +30,10 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("idemkit: cannot start the runtime: {e}");

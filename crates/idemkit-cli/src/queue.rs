@@ -49,7 +49,11 @@ pub struct Queue<J> {
 
 impl<J> Clone for Queue<J> {
     fn clone(&self) -> Self {
-        Queue { state: self.state.clone(), pushed: self.pushed.clone(), visibility: self.visibility }
+        Queue {
+            state: self.state.clone(),
+            pushed: self.pushed.clone(),
+            visibility: self.visibility,
+        }
     }
 }
 
@@ -78,7 +82,14 @@ impl<J: Clone> Queue<J> {
         let mut s = self.lock();
         let id = s.next_id;
         s.next_id += 1;
-        s.messages.insert(id, Message { job, latest_delivery: 0, invisible_until: None });
+        s.messages.insert(
+            id,
+            Message {
+                job,
+                latest_delivery: 0,
+                invisible_until: None,
+            },
+        );
         s.ready.push_back(id);
         drop(s);
         self.pushed.notify_waiters();
@@ -127,16 +138,24 @@ impl<J: Clone> Queue<J> {
             s.deliveries += 1;
             let delivery = s.deliveries as u64;
             let until = now + self.visibility;
-            let Some(m) = s.messages.get_mut(&id) else { continue };
+            let Some(m) = s.messages.get_mut(&id) else {
+                continue;
+            };
             m.latest_delivery = delivery;
             m.invisible_until = Some(until);
-            return Ok(Delivery { job: m.job.clone(), message: id, delivery });
+            return Ok(Delivery {
+                job: m.job.clone(),
+                message: id,
+                delivery,
+            });
         }
         Err(s.messages.values().filter_map(|m| m.invisible_until).min())
     }
 
     fn latest<'s>(s: &'s mut State<J>, d: &Delivery<J>) -> Option<&'s mut Message<J>> {
-        s.messages.get_mut(&d.message).filter(|m| m.latest_delivery == d.delivery)
+        s.messages
+            .get_mut(&d.message)
+            .filter(|m| m.latest_delivery == d.delivery)
     }
 
     /// Acks a delivery: the message is done. Returns false for a stale delivery.
@@ -153,7 +172,9 @@ impl<J: Clone> Queue<J> {
     /// Returns a delivery to the queue at once (a requeue).
     pub fn nack(&self, d: &Delivery<J>) -> bool {
         let mut s = self.lock();
-        let Some(m) = Self::latest(&mut s, d) else { return false };
+        let Some(m) = Self::latest(&mut s, d) else {
+            return false;
+        };
         if m.invisible_until.take().is_some() {
             s.ready.push_back(d.message);
         }
@@ -165,7 +186,9 @@ impl<J: Clone> Queue<J> {
     /// Moves a delivery's message to the dead-letter list.
     pub fn dead_letter(&self, d: &Delivery<J>) -> bool {
         let mut s = self.lock();
-        let Some(m) = s.messages.remove(&d.message) else { return false };
+        let Some(m) = s.messages.remove(&d.message) else {
+            return false;
+        };
         s.ready.retain(|id| *id != d.message);
         s.dead_letters.push(m.job);
         true

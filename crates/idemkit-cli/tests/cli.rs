@@ -3,13 +3,20 @@
 use std::process::Command;
 
 fn idemkit(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_idemkit")).args(args).output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_idemkit"))
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 #[test]
 fn demo_prints_the_three_tables() {
     let out = idemkit(&["demo", "--store", "memory"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).unwrap();
     for line in [
         "plain handler                                deliveries=2  mails sent=2",

@@ -42,8 +42,13 @@ impl Clock {
     /// ```
     #[allow(clippy::disallowed_methods)] // the one sanctioned read of the wall clock
     pub fn system() -> Self {
-        let unix = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
-        Clock { anchor: now(), anchor_unix_ms: unix.as_millis() as u64 }
+        let unix = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or(Duration::ZERO);
+        Clock {
+            anchor: now(),
+            anchor_unix_ms: unix.as_millis() as u64,
+        }
     }
 
     /// Monotonic now (paused in tests under `tokio::time::pause`).
@@ -73,7 +78,8 @@ impl Clock {
         if at >= self.anchor {
             self.anchor_unix_ms + (at - self.anchor).as_millis() as u64
         } else {
-            self.anchor_unix_ms.saturating_sub((self.anchor - at).as_millis() as u64)
+            self.anchor_unix_ms
+                .saturating_sub((self.anchor - at).as_millis() as u64)
         }
     }
 }

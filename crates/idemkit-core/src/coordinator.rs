@@ -14,7 +14,6 @@ use tracing::Instrument as _;
 use crate::clock::now;
 use crate::codec::{Codec, JsonCodec};
 use crate::error::{Error, Phase};
-use crate::observe;
 use crate::policy::{InFlight, OnStoreError, Policy};
 use crate::record::{FencingToken, OutcomeKind, OwnerToken};
 use crate::store::{Begin, BeginRequest, BoxError, Completed, Completion, Lease, Store};
@@ -57,7 +56,9 @@ struct Shared<S> {
 
 impl<S> Clone for Coordinator<S> {
     fn clone(&self) -> Self {
-        Coordinator { inner: self.inner.clone() }
+        Coordinator {
+            inner: self.inner.clone(),
+        }
     }
 }
 
@@ -168,7 +169,11 @@ impl<S: Store> Coordinator<S> {
     /// let _c = Coordinator::builder(MemoryStore::new()).build();
     /// ```
     pub fn builder(store: S) -> Builder<S> {
-        Builder { store, policy: Policy::default(), overrides: HashMap::new() }
+        Builder {
+            store,
+            policy: Policy::default(),
+            overrides: HashMap::new(),
+        }
     }
 
     /// The store.
@@ -207,7 +212,10 @@ impl<S: Store> Coordinator<S> {
     /// # Ok::<(), idemkit_core::KeyError>(())
     /// ```
     pub fn policy_for(&self, operation: &Operation) -> &Policy {
-        self.inner.overrides.get(operation).unwrap_or(&self.inner.policy)
+        self.inner
+            .overrides
+            .get(operation)
+            .unwrap_or(&self.inner.policy)
     }
 
     /// Starts a call: `operation` + `key`, then options, then [`Call::run`].
@@ -585,11 +593,18 @@ impl<'a, S: Store, C> Call<'a, S, C> {
         F: FnOnce(Attempt) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let errors = StorePermanent { codec: &self.codec, is_permanent };
+        let errors = StorePermanent {
+            codec: &self.codec,
+            is_permanent,
+        };
         self.execute_ref(action, errors).await
     }
 
-    async fn execute_ref<T, E, F, Fut, P>(&self, action: F, errors: P) -> Result<Outcome<T>, Error<E>>
+    async fn execute_ref<T, E, F, Fut, P>(
+        &self,
+        action: F,
+        errors: P,
+    ) -> Result<Outcome<T>, Error<E>>
     where
         C: Codec<T>,
         P: ErrorPolicy<E>,
@@ -627,33 +642,36 @@ impl<'a, S: Store, C> Call<'a, S, C> {
         loop {
             let started = now();
             let begin = store.begin(&req).await;
-            observe::timing(op, Phase::Begin, started);
+            op.metrics().timing(Phase::Begin, started);
             match begin {
                 Ok(Begin::Reserved { lease, took_over }) => {
-                    observe::count(observe::MISSES, op);
+                    op.metrics().misses.increment(1);
                     if took_over {
-                        observe::count(observe::TAKEOVERS, op);
+                        op.metrics().takeovers.increment(1);
                         tracing::info!(fencing = %lease.fencing, "took over an expired lease");
                     }
                     return self.run_owned(&key, lease, action, &errors).await;
                 }
                 Ok(Begin::Completed(completed)) => {
-                    observe::count(observe::HITS, op);
+                    op.metrics().hits.increment(1);
                     tracing::debug!(fencing = %completed.fencing, "replaying stored outcome");
                     return self.replay(completed, &errors);
                 }
                 Ok(Begin::Mismatch) => {
-                    observe::count(observe::KEY_REUSE, op);
+                    op.metrics().key_reuse.increment(1);
                     tracing::debug!("key reused with a different fingerprint");
                     return Err(Error::KeyReused);
                 }
-                Ok(Begin::InFlight { retry_after, fencing }) => match policy.in_flight {
+                Ok(Begin::InFlight {
+                    retry_after,
+                    fencing,
+                }) => match policy.in_flight {
                     InFlight::Reject => {
-                        observe::count(observe::REJECTIONS, op);
+                        op.metrics().rejections.increment(1);
                         return Err(Error::InFlight { retry_after });
                     }
                     InFlight::Run => {
-                        observe::unprotected(op, "in_flight");
+                        op.metrics().unprotected_in_flight.increment(1);
                         tracing::warn!("running unprotected beside a live owner (in_flight=run)");
                         return run_unprotected(action).await;
                     }
@@ -661,31 +679,36 @@ impl<'a, S: Store, C> Call<'a, S, C> {
                         let started = now();
                         let deadline = *wait_deadline.get_or_insert(started + policy.wait_timeout);
                         if started >= deadline {
-                            observe::count(observe::REJECTIONS, op);
+                            op.metrics().rejections.increment(1);
                             return Err(Error::InFlight { retry_after });
                         }
-                        observe::count(observe::WAITS, op);
+                        op.metrics().waits.increment(1);
                         // Wake on the owner's completion or release (pushed), at the end of
                         // its current lease at the latest (then `begin` reads the renewed
                         // lease, or takes an expired one over), or at our own deadline.
                         let timeout = retry_after.min(deadline - started);
                         let waited = store.wait(&key, fencing, timeout).await;
-                        observe::timing(op, Phase::Wait, started);
+                        op.metrics().timing(Phase::Wait, started);
                         if let Err(source) = waited {
-                            observe::count_phase(observe::STORE_ERRORS, op, Phase::Wait);
-                            return Err(Error::Store { phase: Phase::Wait, source });
+                            op.metrics().store_error(Phase::Wait);
+                            return Err(Error::Store {
+                                phase: Phase::Wait,
+                                source,
+                            });
                         }
                     }
                 },
                 Err(source) => {
-                    observe::count_phase(observe::STORE_ERRORS, op, Phase::Begin);
-                    if source.is_unavailable() && policy.on_store_error == OnStoreError::FailOpen
-                    {
-                        observe::unprotected(op, "store_unavailable");
+                    op.metrics().store_error(Phase::Begin);
+                    if source.is_unavailable() && policy.on_store_error == OnStoreError::FailOpen {
+                        op.metrics().unprotected_store_unavailable.increment(1);
                         tracing::warn!(error = %source, "store unavailable: running unprotected (fail-open)");
                         return run_unprotected(action).await;
                     }
-                    return Err(Error::Store { phase: Phase::Begin, source });
+                    return Err(Error::Store {
+                        phase: Phase::Begin,
+                        source,
+                    });
                 }
             }
         }
@@ -707,18 +730,37 @@ impl<'a, S: Store, C> Call<'a, S, C> {
     {
         let store = &self.coordinator.inner.store;
         let op = self.operation;
-        let mut guard = Guard { store, key, lease, pending: Pending::Release };
+        let mut guard = Guard {
+            store,
+            key,
+            lease,
+            pending: Pending::Release,
+        };
         let started = now();
-        let result = renewing(store, key, &lease, &self.policy, op, action(Attempt {
-            fencing: Some(lease.fencing),
-        }))
+        let result = renewing(
+            store,
+            key,
+            &lease,
+            &self.policy,
+            op,
+            action(Attempt {
+                fencing: Some(lease.fencing),
+            }),
+        )
         .await;
-        observe::timing(op, Phase::Action, started);
+        op.metrics().timing(Phase::Action, started);
 
         let (completion, answer) = match result {
             Ok(value) => {
                 let completion = self.encode_value(&value);
-                (completion, Ok(Outcome { value, source: Source::Fresh, fencing: Some(lease.fencing) }))
+                (
+                    completion,
+                    Ok(Outcome {
+                        value,
+                        source: Source::Fresh,
+                        fencing: Some(lease.fencing),
+                    }),
+                )
             }
             Err(e) => match errors.encode(&e) {
                 Some(Ok(bytes)) => (
@@ -745,18 +787,18 @@ impl<'a, S: Store, C> Call<'a, S, C> {
         let started = now();
         let completed = store.complete(key, &lease, &completion).await;
         guard.pending = Pending::Done;
-        observe::timing(op, Phase::Complete, started);
+        op.metrics().timing(Phase::Complete, started);
         match completed {
             Ok(()) => {}
             Err(e) if e.is_lease_lost() => {
                 // Our lease expired and possibly another owner took the key over; its record
                 // wins. The caller still gets this run's value: the action did run.
-                observe::count(observe::LEASE_LOST, op);
+                op.metrics().lease_lost.increment(1);
                 tracing::warn!("lease lost before completion; the result was not stored");
             }
             Err(e) => {
-                observe::count_phase(observe::STORE_ERRORS, op, Phase::Complete);
-                observe::count(observe::COMPLETION_FAILED, op);
+                op.metrics().store_error(Phase::Complete);
+                op.metrics().completion_failed.increment(1);
                 tracing::warn!(error = %e, "the action ran but its result could not be stored; \
                     a retry after the lease expires will run it again");
             }
@@ -771,7 +813,7 @@ impl<'a, S: Store, C> Call<'a, S, C> {
         C: Codec<T>,
     {
         let unavailable = |reason: String| {
-            observe::count(observe::RESULTS_UNAVAILABLE, self.operation);
+            self.operation.metrics().results_unavailable.increment(1);
             tracing::warn!(%reason, "result not stored; replays will get ResultUnavailable");
             Completion::new(OutcomeKind::Unavailable, reason, self.ttl)
         };
@@ -820,14 +862,14 @@ impl<'a, S: Store, C> Call<'a, S, C> {
     async fn release(&self, key: &StorageKey, lease: &Lease) {
         let started = now();
         let released = self.coordinator.inner.store.release(key, lease).await;
-        observe::timing(self.operation, Phase::Release, started);
+        self.operation.metrics().timing(Phase::Release, started);
         match released {
             Ok(()) => {}
             Err(e) if e.is_lease_lost() => {
                 tracing::debug!("release found the lease already gone");
             }
             Err(e) => {
-                observe::count_phase(observe::STORE_ERRORS, self.operation, Phase::Release);
+                self.operation.metrics().store_error(Phase::Release);
                 tracing::warn!(error = %e, "release failed; the key unlocks when its lease expires");
             }
         }
@@ -853,14 +895,16 @@ async fn renewing<S: Store, T, E>(
             sleep.as_mut().await;
             let started = now();
             match store.renew(key, lease, policy.lease).await {
-                Ok(()) => observe::timing(op, Phase::Renew, started),
+                Ok(()) => op.metrics().timing(Phase::Renew, started),
                 Err(e) if e.is_lease_lost() => {
-                    observe::count(observe::LEASE_LOST, op);
-                    tracing::warn!("lease lost while the action runs; its result will not be stored");
+                    op.metrics().lease_lost.increment(1);
+                    tracing::warn!(
+                        "lease lost while the action runs; its result will not be stored"
+                    );
                     return;
                 }
                 Err(e) => {
-                    observe::count_phase(observe::STORE_ERRORS, op, Phase::Renew);
+                    op.metrics().store_error(Phase::Renew);
                     tracing::warn!(error = %e, "lease renewal failed; retrying");
                 }
             }
@@ -885,7 +929,11 @@ where
     Fut: Future<Output = Result<T, E>>,
 {
     match action(Attempt { fencing: None }).await {
-        Ok(value) => Ok(Outcome { value, source: Source::Unprotected, fencing: None }),
+        Ok(value) => Ok(Outcome {
+            value,
+            source: Source::Unprotected,
+            fencing: None,
+        }),
         Err(e) => Err(Error::Action(e)),
     }
 }

@@ -4,8 +4,8 @@ use std::error::Error as StdError;
 use std::fmt;
 use std::time::Duration;
 
-use crate::store::{BoxError, StoreError, StoreErrorKind};
 use crate::KeyError;
+use crate::store::{BoxError, StoreError, StoreErrorKind};
 
 /// A phase of a call, for errors, metrics and spans.
 ///

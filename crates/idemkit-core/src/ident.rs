@@ -11,7 +11,9 @@
 //! validation inside the store and the action ran anyway).
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+use crate::observe::OpMetrics;
 
 /// The longest [`Key`], in bytes of UTF-8.
 pub const MAX_KEY_LEN: usize = 512;
@@ -128,7 +130,11 @@ fn check_text(s: &str, ident: IdentKind, max: usize) -> Result<(), KeyError> {
         return Err(KeyError::Empty { ident });
     }
     if s.len() > max {
-        return Err(KeyError::TooLong { ident, len: s.len(), max });
+        return Err(KeyError::TooLong {
+            ident,
+            len: s.len(),
+            max,
+        });
     }
     if let Some((index, _)) = s.char_indices().find(|(_, c)| c.is_control()) {
         return Err(KeyError::ControlChar { ident, index });
@@ -153,8 +159,40 @@ fn check_text(s: &str, ident: IdentKind, max: usize) -> Result<(), KeyError> {
 /// assert_eq!(op.as_str(), "mail.invoice");
 /// # Ok::<(), idemkit_core::KeyError>(())
 /// ```
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Operation(Arc<str>);
+#[derive(Clone)]
+pub struct Operation(Arc<OperationInner>);
+
+struct OperationInner {
+    name: Arc<str>,
+    /// Metric handles, registered on first use (see `observe::OpMetrics`).
+    metrics: OnceLock<OpMetrics>,
+}
+
+impl PartialEq for Operation {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for Operation {}
+
+impl std::hash::Hash for Operation {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
+    }
+}
+
+impl PartialOrd for Operation {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Operation {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_str().cmp(other.as_str())
+    }
+}
 
 impl Operation {
     /// Validates and builds an operation name.
@@ -178,7 +216,11 @@ impl Operation {
             return Err(KeyError::Empty { ident });
         }
         if name.len() > MAX_OPERATION_LEN {
-            return Err(KeyError::TooLong { ident, len: name.len(), max: MAX_OPERATION_LEN });
+            return Err(KeyError::TooLong {
+                ident,
+                len: name.len(),
+                max: MAX_OPERATION_LEN,
+            });
         }
         if let Some((index, ch)) = name
             .char_indices()
@@ -186,7 +228,10 @@ impl Operation {
         {
             return Err(KeyError::InvalidChar { ident, ch, index });
         }
-        Ok(Operation(Arc::from(name)))
+        Ok(Operation(Arc::new(OperationInner {
+            name: Arc::from(name),
+            metrics: OnceLock::new(),
+        })))
     }
 
     /// The name.
@@ -199,24 +244,26 @@ impl Operation {
     /// # Ok::<(), idemkit_core::KeyError>(())
     /// ```
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.0.name
     }
 
-    /// The name as a metrics label value, without copying it.
-    pub(crate) fn label(&self) -> metrics::SharedString {
-        metrics::SharedString::from_shared(self.0.clone())
+    /// This operation's metric handles.
+    pub(crate) fn metrics(&self) -> &OpMetrics {
+        self.0.metrics.get_or_init(|| {
+            OpMetrics::register(metrics::SharedString::from_shared(self.0.name.clone()))
+        })
     }
 }
 
 impl fmt::Debug for Operation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&*self.0, f)
+        fmt::Debug::fmt(self.as_str(), f)
     }
 }
 
 impl fmt::Display for Operation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.pad(&self.0)
+        f.pad(self.as_str())
     }
 }
 
@@ -486,7 +533,11 @@ impl StorageKey {
         let len: usize = len.parse().ok()?;
         let scope = rest.get(..len)?;
         let key = rest.get(len..)?.strip_prefix(':')?;
-        let scope = if len == 0 { None } else { Some(Scope::new(scope).ok()?) };
+        let scope = if len == 0 {
+            None
+        } else {
+            Some(Scope::new(scope).ok()?)
+        };
         Some((Operation::new(op).ok()?, scope, Key::new(key).ok()?))
     }
 
@@ -525,11 +576,24 @@ mod tests {
     fn text(max: usize) -> impl Strategy<Value = String> {
         // Any non-control characters, ':' and digits over-represented to stress the encoding.
         proptest::collection::vec(
-            prop_oneof![Just(':'), Just('0'), Just('1'), Just('\\'), Just('.'), any::<char>()],
+            prop_oneof![
+                Just(':'),
+                Just('0'),
+                Just('1'),
+                Just('\\'),
+                Just('.'),
+                any::<char>()
+            ],
             1..12,
         )
-        .prop_map(|cs| cs.into_iter().filter(|c| !c.is_control()).collect::<String>())
-        .prop_filter("non-empty, within limit", move |s| !s.is_empty() && s.len() <= max)
+        .prop_map(|cs| {
+            cs.into_iter()
+                .filter(|c| !c.is_control())
+                .collect::<String>()
+        })
+        .prop_filter("non-empty, within limit", move |s| {
+            !s.is_empty() && s.len() <= max
+        })
     }
 
     fn op() -> impl Strategy<Value = String> {
@@ -580,8 +644,16 @@ mod tests {
     fn colliding_naive_joins_stay_apart() {
         // With a naive "op:scope:key" join these two would collide.
         let op = Operation::new("op").unwrap();
-        let a = StorageKey::new(&op, Some(&Scope::new("a:b").unwrap()), &Key::new("c").unwrap());
-        let b = StorageKey::new(&op, Some(&Scope::new("a").unwrap()), &Key::new("b:c").unwrap());
+        let a = StorageKey::new(
+            &op,
+            Some(&Scope::new("a:b").unwrap()),
+            &Key::new("c").unwrap(),
+        );
+        let b = StorageKey::new(
+            &op,
+            Some(&Scope::new("a").unwrap()),
+            &Key::new("b:c").unwrap(),
+        );
         assert_ne!(a, b);
         assert_ne!(
             Key::compose(["a.b", "c"]).unwrap(),
@@ -591,28 +663,48 @@ mod tests {
 
     #[test]
     fn invalid_values_are_typed_errors() {
-        assert_eq!(Key::new(""), Err(KeyError::Empty { ident: IdentKind::Key }));
+        assert_eq!(
+            Key::new(""),
+            Err(KeyError::Empty {
+                ident: IdentKind::Key
+            })
+        );
         assert_eq!(
             Key::new("a".repeat(MAX_KEY_LEN + 1)),
-            Err(KeyError::TooLong { ident: IdentKind::Key, len: MAX_KEY_LEN + 1, max: MAX_KEY_LEN })
+            Err(KeyError::TooLong {
+                ident: IdentKind::Key,
+                len: MAX_KEY_LEN + 1,
+                max: MAX_KEY_LEN
+            })
         );
         assert!(Key::new("a".repeat(MAX_KEY_LEN)).is_ok());
         assert_eq!(
             Key::new("ab\u{7f}"),
-            Err(KeyError::ControlChar { ident: IdentKind::Key, index: 2 })
+            Err(KeyError::ControlChar {
+                ident: IdentKind::Key,
+                index: 2
+            })
         );
         assert_eq!(
             Operation::new("mail:invoice"),
-            Err(KeyError::InvalidChar { ident: IdentKind::Operation, ch: ':', index: 4 })
+            Err(KeyError::InvalidChar {
+                ident: IdentKind::Operation,
+                ch: ':',
+                index: 4
+            })
         );
         assert_eq!(Scope::new("\t").unwrap_err().ident(), IdentKind::Scope);
         assert_eq!(
             Key::compose(["a", ""]).unwrap_err(),
-            KeyError::Empty { ident: IdentKind::KeyPart }
+            KeyError::Empty {
+                ident: IdentKind::KeyPart
+            }
         );
         assert_eq!(
             Key::compose(Vec::<&str>::new()).unwrap_err(),
-            KeyError::Empty { ident: IdentKind::Key }
+            KeyError::Empty {
+                ident: IdentKind::Key
+            }
         );
     }
 }

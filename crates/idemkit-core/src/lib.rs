@@ -63,7 +63,9 @@ pub use fingerprint::Fingerprint;
 pub use ident::{IdentKind, Key, KeyError, Operation, Scope, StorageKey};
 pub use memory::MemoryStore;
 pub use policy::{InFlight, OnStoreError, Policy};
-pub use record::{FencingToken, OutcomeKind, OwnerToken, Record, RecordError, RecordState, StoredOutcome};
+pub use record::{
+    FencingToken, OutcomeKind, OwnerToken, Record, RecordError, RecordState, StoredOutcome,
+};
 pub use store::{
     Begin, BeginRequest, BoxError, Completed, Completion, Lease, RawStore, Store, StoreError,
     StoreErrorKind,

@@ -12,7 +12,9 @@ use tokio::time::Instant;
 
 use crate::clock::Clock;
 use crate::record::{FencingToken, OwnerToken, Record, RecordState, StoredOutcome};
-use crate::store::{Begin, BeginRequest, Completed, Completion, Lease, RawStore, Store, StoreError};
+use crate::store::{
+    Begin, BeginRequest, Completed, Completion, Lease, RawStore, Store, StoreError,
+};
 use crate::{Fingerprint, StorageKey};
 
 /// Number of independently locked shards. Each lock is held for a hash-map operation only
@@ -82,7 +84,10 @@ enum Entry {
     Record(Slot),
     /// Bytes put with [`RawStore::put_raw`] that are not a record: kept as they are so every
     /// call on the key reports them as corrupt, until they expire or are purged.
-    Foreign { bytes: Bytes, expires: Instant },
+    Foreign {
+        bytes: Bytes,
+        expires: Instant,
+    },
 }
 
 #[derive(Debug)]
@@ -143,7 +148,12 @@ impl MemoryStore {
     /// ```
     pub fn new() -> Self {
         let shards = (0..SHARDS)
-            .map(|_| Mutex::new(Shard { map: HashMap::new(), sweep_at: MIN_SWEEP }))
+            .map(|_| {
+                Mutex::new(Shard {
+                    map: HashMap::new(),
+                    sweep_at: MIN_SWEEP,
+                })
+            })
             .collect();
         MemoryStore {
             inner: Arc::new(Inner {
@@ -253,17 +263,21 @@ impl Store for MemoryStore {
                     return Ok(Begin::Mismatch);
                 }
                 Ok(match &slot.state {
-                    State::Reserved => {
-                        Begin::InFlight { retry_after: slot.expires - now, fencing: slot.fencing }
+                    State::Reserved => Begin::InFlight {
+                        retry_after: slot.expires - now,
+                        fencing: slot.fencing,
+                    },
+                    State::Completed(o) => {
+                        Begin::Completed(Completed::new(slot.fencing, o.clone()))
                     }
-                    State::Completed(o) => Begin::Completed(Completed::new(slot.fencing, o.clone())),
                 })
             }
             Some(Entry::Foreign { bytes, expires }) if *expires > now => Err(corrupt(bytes)),
             Some(entry) => {
                 // Expired: a lease whose owner stopped renewing, or a record past its TTL.
                 // Reuse the map slot; the old owner's later writes fail its owner check.
-                let took_over = matches!(entry, Entry::Record(s) if matches!(s.state, State::Reserved));
+                let took_over =
+                    matches!(entry, Entry::Record(s) if matches!(s.state, State::Reserved));
                 if let Entry::Record(old) = entry {
                     old.wake_waiters();
                 }
@@ -276,13 +290,23 @@ impl Store for MemoryStore {
                 shard.sweep_if_due(now);
                 let slot = self.new_slot(req, now);
                 let lease = Lease::new(slot.owner, slot.fencing);
-                shard.map.insert(req.key.as_str().into(), Entry::Record(slot));
-                Ok(Begin::Reserved { lease, took_over: false })
+                shard
+                    .map
+                    .insert(req.key.as_str().into(), Entry::Record(slot));
+                Ok(Begin::Reserved {
+                    lease,
+                    took_over: false,
+                })
             }
         }
     }
 
-    async fn renew(&self, key: &StorageKey, lease: &Lease, ttl: Duration) -> Result<(), StoreError> {
+    async fn renew(
+        &self,
+        key: &StorageKey,
+        lease: &Lease,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
         let now = self.inner.clock.now();
         let mut shard = self.shard(key);
         match shard.map.get_mut(key.as_str()) {
@@ -397,13 +421,20 @@ impl Store for MemoryStore {
 }
 
 impl RawStore for MemoryStore {
-    async fn put_raw(&self, key: &StorageKey, bytes: Bytes, ttl: Duration) -> Result<(), StoreError> {
+    async fn put_raw(
+        &self,
+        key: &StorageKey,
+        bytes: Bytes,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
         let now = self.inner.clock.now();
         let expires = now + ttl;
         let entry = match Record::decode(&bytes) {
             Ok(r) => {
                 // Keep the fencing sequence above anything written by hand.
-                self.inner.next_fencing.fetch_max(r.fencing.get() + 1, Ordering::Relaxed);
+                self.inner
+                    .next_fencing
+                    .fetch_max(r.fencing.get() + 1, Ordering::Relaxed);
                 Entry::Record(Slot {
                     state: match r.state {
                         RecordState::Completed(o) => State::Completed(o),
@@ -446,7 +477,11 @@ mod tests {
     use crate::{Key, Operation, OutcomeKind};
 
     fn key(i: usize) -> StorageKey {
-        StorageKey::new(&Operation::new("op").unwrap(), None, &Key::new(format!("k{i}")).unwrap())
+        StorageKey::new(
+            &Operation::new("op").unwrap(),
+            None,
+            &Key::new(format!("k{i}")).unwrap(),
+        )
     }
 
     #[tokio::test(start_paused = true)]
@@ -470,8 +505,14 @@ mod tests {
             tokio::time::advance(Duration::from_secs(2)).await;
         }
         // Live at any time: 5,000. Bound: about twice the live set per shard plus the floor.
-        assert!(peak <= 2 * 5_000 + SHARDS * MIN_SWEEP, "peak {peak} entries");
-        assert!(peak < 200_000 / 4, "peak {peak} entries: expired records are not evicted");
+        assert!(
+            peak <= 2 * 5_000 + SHARDS * MIN_SWEEP,
+            "peak {peak} entries"
+        );
+        assert!(
+            peak < 200_000 / 4,
+            "peak {peak} entries: expired records are not evicted"
+        );
         store.purge_expired();
         assert_eq!(store.len(), 0, "every record is past its TTL");
     }

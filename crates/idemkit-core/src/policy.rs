@@ -148,7 +148,11 @@ impl Policy {
     /// assert_eq!(Policy::new().lease(Duration::ZERO).lease, Duration::from_millis(3));
     /// ```
     pub const fn lease(mut self, lease: Duration) -> Self {
-        self.lease = if lease.as_nanos() < MIN_LEASE.as_nanos() { MIN_LEASE } else { lease };
+        self.lease = if lease.as_nanos() < MIN_LEASE.as_nanos() {
+            MIN_LEASE
+        } else {
+            lease
+        };
         self
     }
 

@@ -207,7 +207,10 @@ impl StoredOutcome {
     /// assert_eq!(o.kind(), OutcomeKind::Unavailable);
     /// ```
     pub fn new(kind: OutcomeKind, bytes: impl Into<Bytes>) -> Self {
-        StoredOutcome { kind, bytes: bytes.into() }
+        StoredOutcome {
+            kind,
+            bytes: bytes.into(),
+        }
     }
 
     /// The kind.
@@ -350,7 +353,11 @@ impl Record {
             RecordState::Reserved => STATE_RESERVED,
             RecordState::Completed(_) => STATE_COMPLETED,
         });
-        out.push(if self.fingerprint.is_some() { FLAG_FINGERPRINT } else { 0 });
+        out.push(if self.fingerprint.is_some() {
+            FLAG_FINGERPRINT
+        } else {
+            0
+        });
         out.extend_from_slice(&self.owner.as_u128().to_be_bytes());
         out.extend_from_slice(&self.fencing.get().to_be_bytes());
         out.extend_from_slice(&self.created_at_ms.to_be_bytes());
@@ -400,7 +407,9 @@ impl Record {
         let expires_at_ms = u64_at(38);
         let mut rest = &b[HEADER..];
         let fingerprint = if flags & FLAG_FINGERPRINT != 0 {
-            let (fp, r) = rest.split_at_checked(16).ok_or(RecordError::LengthMismatch)?;
+            let (fp, r) = rest
+                .split_at_checked(16)
+                .ok_or(RecordError::LengthMismatch)?;
             rest = r;
             Some(Fingerprint::from_bytes(fp.try_into().expect("16 bytes")))
         } else {
@@ -422,7 +431,14 @@ impl Record {
         if !rest.is_empty() {
             return Err(RecordError::LengthMismatch);
         }
-        Ok(Record { state, owner, fencing, fingerprint, created_at_ms, expires_at_ms })
+        Ok(Record {
+            state,
+            owner,
+            fencing,
+            fingerprint,
+            created_at_ms,
+            expires_at_ms,
+        })
     }
 }
 
@@ -445,8 +461,11 @@ mod tests {
                 state: match bytes {
                     None => RecordState::Reserved,
                     Some(b) => RecordState::Completed(StoredOutcome::new(
-                        [OutcomeKind::Value, OutcomeKind::PermanentError, OutcomeKind::Unavailable]
-                            [k as usize],
+                        [
+                            OutcomeKind::Value,
+                            OutcomeKind::PermanentError,
+                            OutcomeKind::Unavailable,
+                        ][k as usize],
                         b,
                     )),
                 },

@@ -69,7 +69,12 @@ impl<'a> BeginRequest<'a> {
     /// # Ok::<(), idemkit_core::KeyError>(())
     /// ```
     pub fn new(key: &'a StorageKey, owner: OwnerToken, lease: Duration) -> Self {
-        BeginRequest { key, owner, lease, fingerprint: None }
+        BeginRequest {
+            key,
+            owner,
+            lease,
+            fingerprint: None,
+        }
     }
 
     /// Sets the fingerprint.
@@ -235,7 +240,11 @@ impl Completion {
     /// assert_eq!(&c.bytes[..], &[1, 2]);
     /// ```
     pub fn new(kind: OutcomeKind, bytes: impl Into<Bytes>, ttl: Duration) -> Self {
-        Completion { kind, bytes: bytes.into(), ttl }
+        Completion {
+            kind,
+            bytes: bytes.into(),
+            ttl,
+        }
     }
 }
 
@@ -296,7 +305,10 @@ impl StoreError {
     /// assert_eq!(e.kind(), StoreErrorKind::Rejected);
     /// ```
     pub fn new(kind: StoreErrorKind, source: impl Into<BoxError>) -> Self {
-        StoreError { kind, source: Some(source.into()) }
+        StoreError {
+            kind,
+            source: Some(source.into()),
+        }
     }
 
     /// The store could not be reached.
@@ -320,7 +332,10 @@ impl StoreError {
     /// assert!(StoreError::lease_lost().is_lease_lost());
     /// ```
     pub fn lease_lost() -> Self {
-        StoreError { kind: StoreErrorKind::LeaseLost, source: None }
+        StoreError {
+            kind: StoreErrorKind::LeaseLost,
+            source: None,
+        }
     }
 
     /// The record under the key cannot be read.
@@ -390,7 +405,9 @@ impl fmt::Display for StoreError {
 
 impl StdError for StoreError {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        self.source.as_deref().map(|e| e as &(dyn StdError + 'static))
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn StdError + 'static))
     }
 }
 

@@ -20,7 +20,10 @@ impl Harness for Memory {
     }
 }
 
-idemkit_test::store_conformance!(#[tokio::test(start_paused = true)] Memory);
+idemkit_test::store_conformance!(
+    #[tokio::test(start_paused = true)]
+    Memory
+);
 
 /// The suite through a `Probe` wrapper too: the wrapper used by the coordinator tests must
 /// not change the store's behaviour.
@@ -42,5 +45,8 @@ mod through_probe {
         }
     }
 
-    idemkit_test::store_conformance!(#[tokio::test(start_paused = true)] Probed);
+    idemkit_test::store_conformance!(
+        #[tokio::test(start_paused = true)]
+        Probed
+    );
 }

@@ -70,17 +70,35 @@ async fn replay_returns_the_first_result_without_running() {
     let mailer = Mailer::default();
     let (op, k) = (op(), key("order-9.invoice"));
 
-    let first = c.call(&op, &k).run(|_| mailer.send(Duration::ZERO)).await.unwrap();
+    let first = c
+        .call(&op, &k)
+        .run(|_| mailer.send(Duration::ZERO))
+        .await
+        .unwrap();
     // A miss is two store calls: begin and complete.
-    assert_eq!((store.counts().begin, store.counts().complete, store.counts().total()), (1, 1, 2));
+    assert_eq!(
+        (
+            store.counts().begin,
+            store.counts().complete,
+            store.counts().total()
+        ),
+        (1, 1, 2)
+    );
     store.reset_counts();
-    let second = c.call(&op, &k).run(|_| mailer.send(Duration::ZERO)).await.unwrap();
+    let second = c
+        .call(&op, &k)
+        .run(|_| mailer.send(Duration::ZERO))
+        .await
+        .unwrap();
     // A hit is one: begin.
     assert_eq!((store.counts().begin, store.counts().total()), (1, 1));
 
     assert_eq!(first.source, Source::Fresh);
     assert_eq!(second.source, Source::Replayed);
-    assert_eq!((first.value.as_str(), second.value.as_str()), ("em_1", "em_1"));
+    assert_eq!(
+        (first.value.as_str(), second.value.as_str()),
+        ("em_1", "em_1")
+    );
     assert_eq!(first.fencing, second.fencing);
     assert_eq!(mailer.sent(), 1);
 }
@@ -90,11 +108,31 @@ async fn scopes_do_not_share_records() {
     let c = Coordinator::new(MemoryStore::new());
     let mailer = Mailer::default();
     let (op, k) = (op(), key("k"));
-    let (a, b) = (idemkit_core::Scope::new("tenant-a").unwrap(), idemkit_core::Scope::new("tenant-b").unwrap());
-    let ra = c.call(&op, &k).scope(&a).run(|_| mailer.send(Duration::ZERO)).await.unwrap();
-    let rb = c.call(&op, &k).scope(&b).run(|_| mailer.send(Duration::ZERO)).await.unwrap();
-    let rn = c.call(&op, &k).run(|_| mailer.send(Duration::ZERO)).await.unwrap();
-    assert_eq!((ra.value.as_str(), rb.value.as_str(), rn.value.as_str()), ("em_1", "em_2", "em_3"));
+    let (a, b) = (
+        idemkit_core::Scope::new("tenant-a").unwrap(),
+        idemkit_core::Scope::new("tenant-b").unwrap(),
+    );
+    let ra = c
+        .call(&op, &k)
+        .scope(&a)
+        .run(|_| mailer.send(Duration::ZERO))
+        .await
+        .unwrap();
+    let rb = c
+        .call(&op, &k)
+        .scope(&b)
+        .run(|_| mailer.send(Duration::ZERO))
+        .await
+        .unwrap();
+    let rn = c
+        .call(&op, &k)
+        .run(|_| mailer.send(Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(
+        (ra.value.as_str(), rb.value.as_str(), rn.value.as_str()),
+        ("em_1", "em_2", "em_3")
+    );
 }
 
 // ===== 64 concurrent callers =====
@@ -112,7 +150,10 @@ async fn sixty_four_waiters_get_one_result() {
                 start.wait().await;
                 // The action takes a while, so the others arrive while it runs; whether they
                 // wait or arrive after it completed, they must get the same receipt.
-                c.call(&op, &k).run(|_| mailer.send(Duration::from_millis(50))).await.unwrap()
+                c.call(&op, &k)
+                    .run(|_| mailer.send(Duration::from_millis(50)))
+                    .await
+                    .unwrap()
             })
         })
         .collect();
@@ -156,12 +197,18 @@ async fn sixty_four_callers_in_reject_mode_one_runs_the_rest_are_told_in_progres
     }
     gate.notify_one();
     results.push(tasks.join_next().await.unwrap().unwrap());
-    let fresh = results.iter().filter(|r| matches!(r, Ok(o) if o.source == Source::Fresh)).count();
+    let fresh = results
+        .iter()
+        .filter(|r| matches!(r, Ok(o) if o.source == Source::Fresh))
+        .count();
     let in_progress = results
         .iter()
         .filter(|r| matches!(r, Err(Error::InFlight { retry_after }) if *retry_after <= Policy::default().lease))
         .count();
-    assert_eq!((runs.load(Ordering::SeqCst), fresh, in_progress), (1, 1, 63));
+    assert_eq!(
+        (runs.load(Ordering::SeqCst), fresh, in_progress),
+        (1, 1, 63)
+    );
 }
 
 // ===== leases: renewal, expiry, stale owners =====
@@ -170,36 +217,63 @@ async fn sixty_four_callers_in_reject_mode_one_runs_the_rest_are_told_in_progres
 async fn waiters_follow_a_renewed_lease_and_get_the_owners_result() {
     // Lease 1 s, the owner works for 3.5 s (renewing every 333 ms), the waiter's overall
     // timeout is 10 s: the waiter must keep waiting across three leases and get em_1.
-    let policy = Policy::default().lease(Duration::from_secs(1)).wait_timeout(Duration::from_secs(10));
-    let c = Coordinator::builder(MemoryStore::new()).policy(policy).build();
+    let policy = Policy::default()
+        .lease(Duration::from_secs(1))
+        .wait_timeout(Duration::from_secs(10));
+    let c = Coordinator::builder(MemoryStore::new())
+        .policy(policy)
+        .build();
     let mailer = Mailer::default();
     let owner = {
         let (c, mailer) = (c.clone(), mailer.clone());
         tokio::spawn(async move {
-            c.call(&op(), &key("k")).run(|_| mailer.send(Duration::from_millis(3_500))).await.unwrap()
+            c.call(&op(), &key("k"))
+                .run(|_| mailer.send(Duration::from_millis(3_500)))
+                .await
+                .unwrap()
         })
     };
     sleep(Duration::from_millis(10)).await;
-    let waiter = c.call(&op(), &key("k")).run(|_| mailer.send(Duration::ZERO)).await.unwrap();
+    let waiter = c
+        .call(&op(), &key("k"))
+        .run(|_| mailer.send(Duration::ZERO))
+        .await
+        .unwrap();
     let owner = owner.await.unwrap();
-    assert_eq!((owner.source, waiter.source), (Source::Fresh, Source::Replayed));
-    assert_eq!((owner.value.as_str(), waiter.value.as_str()), ("em_1", "em_1"));
+    assert_eq!(
+        (owner.source, waiter.source),
+        (Source::Fresh, Source::Replayed)
+    );
+    assert_eq!(
+        (owner.value.as_str(), waiter.value.as_str()),
+        ("em_1", "em_1")
+    );
     assert_eq!(mailer.sent(), 1);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_waiter_gives_up_after_its_timeout_with_in_progress() {
-    let policy = Policy::default().lease(Duration::from_secs(1)).wait_timeout(Duration::from_secs(2));
-    let c = Coordinator::builder(MemoryStore::new()).policy(policy).build();
+    let policy = Policy::default()
+        .lease(Duration::from_secs(1))
+        .wait_timeout(Duration::from_secs(2));
+    let c = Coordinator::builder(MemoryStore::new())
+        .policy(policy)
+        .build();
     let mailer = Mailer::default();
     let owner = {
         let (c, mailer) = (c.clone(), mailer.clone());
         tokio::spawn(async move {
-            c.call(&op(), &key("k")).run(|_| mailer.send(Duration::from_secs(5))).await.unwrap()
+            c.call(&op(), &key("k"))
+                .run(|_| mailer.send(Duration::from_secs(5)))
+                .await
+                .unwrap()
         })
     };
     sleep(Duration::from_millis(10)).await;
-    let waited = c.call(&op(), &key("k")).run(|_| mailer.send(Duration::ZERO)).await;
+    let waited = c
+        .call(&op(), &key("k"))
+        .run(|_| mailer.send(Duration::ZERO))
+        .await;
     assert!(matches!(waited, Err(Error::InFlight { .. })), "{waited:?}");
     assert_eq!(owner.await.unwrap().value, "em_1");
     assert_eq!(mailer.sent(), 1);
@@ -235,7 +309,10 @@ async fn a_stale_owner_cannot_clobber_a_taken_over_key() {
         .call(&op(), &key("k"))
         .in_flight(InFlight::Reject)
         .run(|attempt| async move {
-            assert!(attempt.fencing_token() > *a_fencing.lock().unwrap(), "fencing did not increase");
+            assert!(
+                attempt.fencing_token() > *a_fencing.lock().unwrap(),
+                "fencing did not increase"
+            );
             Ok::<_, Infallible>("from B".to_string())
         })
         .await
@@ -243,14 +320,20 @@ async fn a_stale_owner_cannot_clobber_a_taken_over_key() {
     assert_eq!(b_out.source, Source::Fresh);
     let a_out = a_task.await.unwrap();
     // A still hands its own caller its value (the effect did happen)...
-    assert_eq!((a_out.value.as_str(), a_out.source), ("from A", Source::Fresh));
+    assert_eq!(
+        (a_out.value.as_str(), a_out.source),
+        ("from A", Source::Fresh)
+    );
     // ...but the record is B's.
     let replay = b
         .call(&op(), &key("k"))
         .run(|_| async { Ok::<_, Infallible>("from C".to_string()) })
         .await
         .unwrap();
-    assert_eq!((replay.value.as_str(), replay.source), ("from B", Source::Replayed));
+    assert_eq!(
+        (replay.value.as_str(), replay.source),
+        ("from B", Source::Replayed)
+    );
     assert_eq!(replay.fencing, b_out.fencing);
 }
 
@@ -266,16 +349,25 @@ async fn a_dead_owner_is_taken_over_after_its_lease() {
     let owner = {
         let (c, mailer) = (c.clone(), mailer.clone());
         tokio::spawn(async move {
-            c.call(&op(), &key("k")).run(|_| mailer.send(Duration::from_secs(3600))).await
+            c.call(&op(), &key("k"))
+                .run(|_| mailer.send(Duration::from_secs(3600)))
+                .await
         })
     };
     sleep(Duration::from_millis(10)).await;
     owner.abort();
     let started = tokio::time::Instant::now();
     // Wait mode: wakes at the dead owner's lease end and takes over.
-    let out = c.call(&op(), &key("k")).run(|_| mailer.send(Duration::ZERO)).await.unwrap();
+    let out = c
+        .call(&op(), &key("k"))
+        .run(|_| mailer.send(Duration::ZERO))
+        .await
+        .unwrap();
     assert_eq!((out.value.as_str(), out.source), ("em_2", Source::Fresh));
-    assert!(started.elapsed() <= Duration::from_secs(2), "waited past the lease");
+    assert!(
+        started.elapsed() <= Duration::from_secs(2),
+        "waited past the lease"
+    );
 }
 
 // ===== fingerprints =====
@@ -284,20 +376,38 @@ async fn a_dead_owner_is_taken_over_after_its_lease() {
 async fn a_key_reused_for_another_request_is_refused_in_flight_and_after() {
     let c = Coordinator::new(MemoryStore::new());
     let mailer = Mailer::default();
-    let (a, b) = (Fingerprint::of(b"amount=100"), Fingerprint::of(b"amount=200"));
+    let (a, b) = (
+        Fingerprint::of(b"amount=100"),
+        Fingerprint::of(b"amount=200"),
+    );
     let owner = {
         let (c, mailer) = (c.clone(), mailer.clone());
         tokio::spawn(async move {
-            c.call(&op(), &key("k")).fingerprint(a).run(|_| mailer.send(Duration::from_secs(1))).await
+            c.call(&op(), &key("k"))
+                .fingerprint(a)
+                .run(|_| mailer.send(Duration::from_secs(1)))
+                .await
         })
     };
     sleep(Duration::from_millis(10)).await;
-    let in_flight = c.call(&op(), &key("k")).fingerprint(b).run(|_| mailer.send(Duration::ZERO)).await;
+    let in_flight = c
+        .call(&op(), &key("k"))
+        .fingerprint(b)
+        .run(|_| mailer.send(Duration::ZERO))
+        .await;
     assert!(matches!(in_flight, Err(Error::KeyReused)), "{in_flight:?}");
     assert_eq!(owner.await.unwrap().unwrap().value, "em_1");
-    let after = c.call(&op(), &key("k")).fingerprint(b).run(|_| mailer.send(Duration::ZERO)).await;
+    let after = c
+        .call(&op(), &key("k"))
+        .fingerprint(b)
+        .run(|_| mailer.send(Duration::ZERO))
+        .await;
     assert_eq!(after.unwrap_err().kind(), ErrorKind::KeyReused);
-    let same = c.call(&op(), &key("k")).fingerprint(a).run(|_| mailer.send(Duration::ZERO)).await;
+    let same = c
+        .call(&op(), &key("k"))
+        .fingerprint(a)
+        .run(|_| mailer.send(Duration::ZERO))
+        .await;
     assert_eq!(same.unwrap().value, "em_1");
     assert_eq!(mailer.sent(), 1);
 }
@@ -351,7 +461,9 @@ async fn a_result_too_large_to_store_is_never_run_again() {
     for _ in 0..3 {
         let again = c.call(&op(), &key("k")).run(action).await;
         match again {
-            Err(Error::ResultUnavailable { reason }) => assert!(reason.contains("exceeds"), "{reason}"),
+            Err(Error::ResultUnavailable { reason }) => {
+                assert!(reason.contains("exceeds"), "{reason}")
+            }
             other => panic!("expected ResultUnavailable, got {other:?}"),
         }
     }
@@ -373,9 +485,17 @@ impl Codec<String> for FailingCodec {
 async fn an_unencodable_result_is_never_run_again() {
     let c = Coordinator::new(MemoryStore::new());
     let mailer = Mailer::default();
-    let first = c.call(&op(), &key("k")).codec(FailingCodec).run(|_| mailer.send(Duration::ZERO)).await;
+    let first = c
+        .call(&op(), &key("k"))
+        .codec(FailingCodec)
+        .run(|_| mailer.send(Duration::ZERO))
+        .await;
     assert_eq!(first.unwrap().value, "em_1");
-    let again = c.call(&op(), &key("k")).codec(FailingCodec).run(|_| mailer.send(Duration::ZERO)).await;
+    let again = c
+        .call(&op(), &key("k"))
+        .codec(FailingCodec)
+        .run(|_| mailer.send(Duration::ZERO))
+        .await;
     assert_eq!(again.unwrap_err().kind(), ErrorKind::ResultUnavailable);
     assert_eq!(mailer.sent(), 1);
 }
@@ -384,7 +504,10 @@ async fn an_unencodable_result_is_never_run_again() {
 async fn a_stored_result_of_another_type_is_a_decode_error_not_a_rerun() {
     let c = Coordinator::new(MemoryStore::new());
     let runs = AtomicUsize::new(0);
-    c.call(&op(), &key("k")).run(|_| async { Ok::<_, Infallible>("text".to_string()) }).await.unwrap();
+    c.call(&op(), &key("k"))
+        .run(|_| async { Ok::<_, Infallible>("text".to_string()) })
+        .await
+        .unwrap();
     let as_number = c
         .call(&op(), &key("k"))
         .run(|_| async {
@@ -402,10 +525,16 @@ async fn a_stored_result_of_another_type_is_a_decode_error_not_a_rerun() {
 async fn an_action_error_releases_the_key_so_a_retry_runs() {
     let store = Probe::new(MemoryStore::new());
     let c = Coordinator::new(store.clone());
-    let failed = c.call(&op(), &key("k")).run(|_| async { Err::<String, _>("smtp 451") }).await;
+    let failed = c
+        .call(&op(), &key("k"))
+        .run(|_| async { Err::<String, _>("smtp 451") })
+        .await;
     assert!(matches!(failed, Err(Error::Action("smtp 451"))));
     assert_eq!(store.counts().release, 1);
-    let retried = c.call(&op(), &key("k")).run(|_| async { Ok::<_, &str>("em_2".to_string()) }).await;
+    let retried = c
+        .call(&op(), &key("k"))
+        .run(|_| async { Ok::<_, &str>("em_2".to_string()) })
+        .await;
     assert_eq!(retried.unwrap().source, Source::Fresh);
 }
 
@@ -421,12 +550,24 @@ async fn permanent_errors_are_stored_and_replayed_others_released() {
             Err::<String, String>(msg.to_string())
         }
     };
-    let transient = c.call(&op(), &key("k")).run_storing_errors(is_permanent, act("timeout")).await;
+    let transient = c
+        .call(&op(), &key("k"))
+        .run_storing_errors(is_permanent, act("timeout"))
+        .await;
     assert!(matches!(transient, Err(Error::Action(_))));
-    let permanent = c.call(&op(), &key("k")).run_storing_errors(is_permanent, act("declined: card")).await;
+    let permanent = c
+        .call(&op(), &key("k"))
+        .run_storing_errors(is_permanent, act("declined: card"))
+        .await;
     assert!(matches!(permanent, Err(Error::Action(ref e)) if e == "declined: card"));
-    let replayed = c.call(&op(), &key("k")).run_storing_errors(is_permanent, act("declined: other")).await;
-    assert!(matches!(replayed, Err(Error::ReplayedAction(ref e)) if e == "declined: card"), "{replayed:?}");
+    let replayed = c
+        .call(&op(), &key("k"))
+        .run_storing_errors(is_permanent, act("declined: other"))
+        .await;
+    assert!(
+        matches!(replayed, Err(Error::ReplayedAction(ref e)) if e == "declined: card"),
+        "{replayed:?}"
+    );
     // A plain `run` cannot decode the stored error; it still must not run the action.
     let plain = c.call(&op(), &key("k")).run(act("x")).await;
     assert_eq!(plain.unwrap_err().kind(), ErrorKind::Decode);
@@ -442,7 +583,10 @@ async fn run_mode_runs_the_duplicate_unprotected() {
     let owner = {
         let (c, mailer) = (c.clone(), mailer.clone());
         tokio::spawn(async move {
-            c.call(&op(), &key("k")).run(|_| mailer.send(Duration::from_secs(1))).await.unwrap()
+            c.call(&op(), &key("k"))
+                .run(|_| mailer.send(Duration::from_secs(1)))
+                .await
+                .unwrap()
         })
     };
     sleep(Duration::from_millis(10)).await;
@@ -465,27 +609,43 @@ fn fail_closed_runs_nothing_and_fail_open_runs_unprotected_and_counts() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     metrics::with_local_recorder(&recorder, || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
         rt.block_on(async {
             let store = Probe::new(MemoryStore::new());
             store.fail(Fault::Begin, true);
             let mailer = Mailer::default();
 
             let closed = Coordinator::new(store.clone());
-            let r = closed.call(&op(), &key("k")).run(|_| mailer.send(Duration::ZERO)).await;
+            let r = closed
+                .call(&op(), &key("k"))
+                .run(|_| mailer.send(Duration::ZERO))
+                .await;
             assert_eq!(r.unwrap_err().kind(), ErrorKind::StoreUnavailable);
             assert_eq!(mailer.sent(), 0);
 
             let open = Coordinator::builder(store.clone())
                 .policy(Policy::default().on_store_error(OnStoreError::FailOpen))
                 .build();
-            let r = open.call(&op(), &key("k")).run(|_| mailer.send(Duration::ZERO)).await.unwrap();
+            let r = open
+                .call(&op(), &key("k"))
+                .run(|_| mailer.send(Duration::ZERO))
+                .await
+                .unwrap();
             assert_eq!(r.source, Source::Unprotected);
             assert_eq!(mailer.sent(), 1);
         });
     });
-    assert_eq!(counter(&snapshotter, idemkit_core::observe::UNPROTECTED_RUNS), 1);
-    assert_eq!(counter(&snapshotter, idemkit_core::observe::STORE_ERRORS), 2);
+    assert_eq!(
+        counter(&snapshotter, idemkit_core::observe::UNPROTECTED_RUNS),
+        1
+    );
+    assert_eq!(
+        counter(&snapshotter, idemkit_core::observe::STORE_ERRORS),
+        2
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -495,16 +655,25 @@ async fn a_corrupt_record_fails_closed_even_when_failing_open() {
         .policy(Policy::default().on_store_error(OnStoreError::FailOpen))
         .build();
     let sk = StorageKey::new(&op(), None, &key("k"));
-    store.put_raw(&sk, "{\"foreign\":true}".into(), Duration::from_secs(60)).await.unwrap();
+    store
+        .put_raw(&sk, "{\"foreign\":true}".into(), Duration::from_secs(60))
+        .await
+        .unwrap();
     let mailer = Mailer::default();
-    let r = c.call(&op(), &key("k")).run(|_| mailer.send(Duration::ZERO)).await;
+    let r = c
+        .call(&op(), &key("k"))
+        .run(|_| mailer.send(Duration::ZERO))
+        .await;
     match r {
         Err(Error::Store { source, .. }) => assert_eq!(source.kind(), StoreErrorKind::Corrupt),
         other => panic!("expected a corrupt-record error, got {other:?}"),
     }
     assert_eq!(mailer.sent(), 0);
     // Nothing was lost: the foreign bytes are still there for an operator.
-    assert_eq!(store.get(&sk).await.unwrap_err().kind(), StoreErrorKind::Corrupt);
+    assert_eq!(
+        store.get(&sk).await.unwrap_err().kind(),
+        StoreErrorKind::Corrupt
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -514,13 +683,24 @@ async fn a_store_outage_at_completion_still_returns_the_result() {
     let c = Coordinator::builder(store.clone()).policy(policy).build();
     let mailer = Mailer::default();
     store.fail(Fault::Complete, true);
-    let out = c.call(&op(), &key("k")).run(|_| mailer.send(Duration::ZERO)).await.unwrap();
+    let out = c
+        .call(&op(), &key("k"))
+        .run(|_| mailer.send(Duration::ZERO))
+        .await
+        .unwrap();
     assert_eq!((out.value.as_str(), out.source), ("em_1", Source::Fresh));
     store.fail(Fault::Complete, false);
     // The documented window: the reservation expires with its lease and a retry runs again.
     sleep(Duration::from_millis(1_100)).await;
-    let retry = c.call(&op(), &key("k")).run(|_| mailer.send(Duration::ZERO)).await.unwrap();
-    assert_eq!((retry.value.as_str(), retry.source), ("em_2", Source::Fresh));
+    let retry = c
+        .call(&op(), &key("k"))
+        .run(|_| mailer.send(Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(
+        (retry.value.as_str(), retry.source),
+        ("em_2", Source::Fresh)
+    );
 }
 
 // ===== TTL =====
@@ -531,13 +711,20 @@ async fn an_exact_sub_second_ttl_is_honoured() {
     let mailer = Mailer::default();
     let ttl = Duration::from_millis(1_500);
     let (op, k) = (op(), key("k"));
-    let call = || c.call(&op, &k).ttl(ttl).run(|_| mailer.send(Duration::ZERO));
+    let call = || {
+        c.call(&op, &k)
+            .ttl(ttl)
+            .run(|_| mailer.send(Duration::ZERO))
+    };
     assert_eq!(call().await.unwrap().source, Source::Fresh);
     sleep(Duration::from_millis(1_499)).await;
     assert_eq!(call().await.unwrap().source, Source::Replayed);
     sleep(Duration::from_millis(1)).await;
     let after = call().await.unwrap();
-    assert_eq!((after.value.as_str(), after.source), ("em_2", Source::Fresh));
+    assert_eq!(
+        (after.value.as_str(), after.source),
+        ("em_2", Source::Fresh)
+    );
 }
 
 // ===== cancellation =====
@@ -562,13 +749,23 @@ async fn dropping_the_call_mid_action_releases_the_key() {
     };
     started.notified().await;
     let sk = StorageKey::new(&op(), None, &key("k"));
-    let held = store.get(&sk).await.unwrap().expect("reserved while running");
+    let held = store
+        .get(&sk)
+        .await
+        .unwrap()
+        .expect("reserved while running");
     call.abort();
     assert!(call.await.unwrap_err().is_cancelled());
     // The release is pushed to waiters; no lease expiry involved (reject mode, no sleep).
-    store.wait(&sk, held.fencing, Duration::from_secs(3600)).await.unwrap();
+    store
+        .wait(&sk, held.fencing, Duration::from_secs(3600))
+        .await
+        .unwrap();
     assert_eq!(store.get(&sk).await.unwrap(), None);
-    let next = c.call(&op(), &key("k")).run(|_| async { Ok::<_, Infallible>(1) }).await;
+    let next = c
+        .call(&op(), &key("k"))
+        .run(|_| async { Ok::<_, Infallible>(1) })
+        .await;
     assert_eq!(next.unwrap().source, Source::Fresh);
 }
 
@@ -580,7 +777,11 @@ async fn dropping_the_call_after_the_action_succeeded_still_stores_the_result() 
     store.hold_complete();
     let call = {
         let (c, mailer) = (c.clone(), mailer.clone());
-        tokio::spawn(async move { c.call(&op(), &key("k")).run(|_| mailer.send(Duration::ZERO)).await })
+        tokio::spawn(async move {
+            c.call(&op(), &key("k"))
+                .run(|_| mailer.send(Duration::ZERO))
+                .await
+        })
     };
     while store.counts().complete == 0 {
         tokio::task::yield_now().await;
@@ -588,8 +789,15 @@ async fn dropping_the_call_after_the_action_succeeded_still_stores_the_result() 
     call.abort(); // dropped inside `complete`
     assert!(call.await.unwrap_err().is_cancelled());
     store.open_complete();
-    let replay = c.call(&op(), &key("k")).run(|_| mailer.send(Duration::ZERO)).await.unwrap();
-    assert_eq!((replay.value.as_str(), replay.source), ("em_1", Source::Replayed));
+    let replay = c
+        .call(&op(), &key("k"))
+        .run(|_| mailer.send(Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(
+        (replay.value.as_str(), replay.source),
+        ("em_1", Source::Replayed)
+    );
     assert_eq!(mailer.sent(), 1);
 }
 
@@ -611,16 +819,27 @@ fn hits_misses_waits_and_rejections_are_counted() {
             let owner = {
                 let (c, mailer) = (c.clone(), mailer.clone());
                 tokio::spawn(async move {
-                    c.call(&op(), &key("k")).run(|_| mailer.send(Duration::from_secs(1))).await
+                    c.call(&op(), &key("k"))
+                        .run(|_| mailer.send(Duration::from_secs(1)))
+                        .await
                 })
             };
             sleep(Duration::from_millis(10)).await;
-            let rejected =
-                c.call(&op(), &key("k")).in_flight(InFlight::Reject).run(|_| mailer.send(Duration::ZERO)).await;
+            let rejected = c
+                .call(&op(), &key("k"))
+                .in_flight(InFlight::Reject)
+                .run(|_| mailer.send(Duration::ZERO))
+                .await;
             assert!(rejected.is_err());
-            c.call(&op(), &key("k")).run(|_| mailer.send(Duration::ZERO)).await.unwrap(); // waits
+            c.call(&op(), &key("k"))
+                .run(|_| mailer.send(Duration::ZERO))
+                .await
+                .unwrap(); // waits
             owner.await.unwrap().unwrap();
-            c.call(&op(), &key("k")).run(|_| mailer.send(Duration::ZERO)).await.unwrap(); // hit
+            c.call(&op(), &key("k"))
+                .run(|_| mailer.send(Duration::ZERO))
+                .await
+                .unwrap(); // hit
         });
     });
     let n = |name| counter(&snapshotter, name);

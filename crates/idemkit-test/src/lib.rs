@@ -1,4 +1,4 @@
-//! Test support for idemkit stores: the conformance suite every [`Store`] passes, and
+//! Test support for idemkit stores: the conformance suite every [`Store`](idemkit_core::Store) passes, and
 //! [`Probe`], a store wrapper that counts calls per phase and injects outages.
 //!
 //! # The conformance suite

@@ -108,7 +108,10 @@ impl<S: Store> Probe<S> {
     ///
     /// See [`Probe`].
     pub fn new(inner: S) -> Self {
-        Probe { inner, state: Arc::default() }
+        Probe {
+            inner,
+            state: Arc::default(),
+        }
     }
 
     /// The wrapped store.
@@ -207,7 +210,12 @@ impl<S: Store> Store for Probe<S> {
         self.inner.begin(req).await
     }
 
-    async fn renew(&self, key: &StorageKey, lease: &Lease, ttl: Duration) -> Result<(), StoreError> {
+    async fn renew(
+        &self,
+        key: &StorageKey,
+        lease: &Lease,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
         self.enter(1, Some(Fault::Renew))?;
         self.inner.renew(key, lease, ttl).await
     }
@@ -251,7 +259,12 @@ impl<S: Store> Store for Probe<S> {
 }
 
 impl<S: RawStore> RawStore for Probe<S> {
-    async fn put_raw(&self, key: &StorageKey, bytes: Bytes, ttl: Duration) -> Result<(), StoreError> {
+    async fn put_raw(
+        &self,
+        key: &StorageKey,
+        bytes: Bytes,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
         self.inner.put_raw(key, bytes, ttl).await
     }
 

@@ -1,12 +1,12 @@
 //! The conformance checks. Each takes a [`Harness`] and panics on a violation of the
-//! [`Store`] contract; [`store_conformance!`](crate::store_conformance) wraps each in a test.
+//! `Store` contract; [`store_conformance!`](crate::store_conformance) wraps each in a test.
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use idemkit_core::{
-    Begin, BeginRequest, Completion, Fingerprint, FencingToken, Lease, OutcomeKind, OwnerToken,
-    Record, RecordState, Store, StoreErrorKind, RawStore, StorageKey,
+    Begin, BeginRequest, Completion, FencingToken, Fingerprint, Lease, OutcomeKind, OwnerToken,
+    RawStore, Record, RecordState, StorageKey, Store, StoreErrorKind,
 };
 use tokio::time::Instant;
 
@@ -27,7 +27,11 @@ async fn reserve<S: Store>(store: &S, key: &StorageKey) -> Lease {
 }
 
 fn value(bytes: &'static str) -> Completion {
-    Completion::new(OutcomeKind::Value, Bytes::from_static(bytes.as_bytes()), TTL)
+    Completion::new(
+        OutcomeKind::Value,
+        Bytes::from_static(bytes.as_bytes()),
+        TTL,
+    )
 }
 
 fn assert_lease_lost<T: std::fmt::Debug>(r: Result<T, idemkit_core::StoreError>, what: &str) {
@@ -53,7 +57,10 @@ pub async fn reserve_once_under_contention<H: Harness>(h: &H) {
         match t.await.expect("task") {
             Begin::Reserved { .. } => reserved += 1,
             Begin::InFlight { retry_after, .. } => {
-                assert!(retry_after <= LEASE, "retry_after {retry_after:?} beyond the lease");
+                assert!(
+                    retry_after <= LEASE,
+                    "retry_after {retry_after:?} beyond the lease"
+                );
                 in_flight += 1;
             }
             other => panic!("unexpected {other:?}"),
@@ -67,7 +74,10 @@ pub async fn replay_returns_the_completed_outcome<H: Harness>(h: &H) {
     let store = h.store().await;
     let key = unique_key("replay");
     let lease = reserve(&store, &key).await;
-    store.complete(&key, &lease, &value("\"em_1\"")).await.expect("complete");
+    store
+        .complete(&key, &lease, &value("\"em_1\""))
+        .await
+        .expect("complete");
     for _ in 0..2 {
         match store.begin(&req(&key)).await.expect("begin") {
             Begin::Completed(c) => {
@@ -103,11 +113,23 @@ pub async fn fingerprint_mismatch_is_reported<H: Harness>(h: &H) {
         panic!("not reserved")
     };
     assert_eq!(store.begin(&with(b)).await.expect("begin"), Begin::Mismatch);
-    assert!(matches!(store.begin(&with(a)).await.expect("begin"), Begin::InFlight { .. }));
-    store.complete(&key, &lease, &value("1")).await.expect("complete");
+    assert!(matches!(
+        store.begin(&with(a)).await.expect("begin"),
+        Begin::InFlight { .. }
+    ));
+    store
+        .complete(&key, &lease, &value("1"))
+        .await
+        .expect("complete");
     assert_eq!(store.begin(&with(b)).await.expect("begin"), Begin::Mismatch);
-    assert_eq!(store.begin(&with(None)).await.expect("begin"), Begin::Mismatch);
-    assert!(matches!(store.begin(&with(a)).await.expect("begin"), Begin::Completed(_)));
+    assert_eq!(
+        store.begin(&with(None)).await.expect("begin"),
+        Begin::Mismatch
+    );
+    assert!(matches!(
+        store.begin(&with(a)).await.expect("begin"),
+        Begin::Completed(_)
+    ));
 }
 
 /// After the lease runs out, the next `begin` takes the key over with a higher fencing token.
@@ -138,13 +160,29 @@ pub async fn stale_owner_cannot_renew_complete_or_release<H: Harness>(h: &H) {
     let fresh = reserve(&store, &key).await;
 
     assert_lease_lost(store.renew(&key, &stale, LEASE).await, "stale renew");
-    assert_lease_lost(store.complete(&key, &stale, &value("\"stale\"")).await, "stale complete");
+    assert_lease_lost(
+        store.complete(&key, &stale, &value("\"stale\"")).await,
+        "stale complete",
+    );
     assert_lease_lost(store.release(&key, &stale).await, "stale release");
-    let rec = store.get(&key).await.expect("get").expect("the fresh reservation is there");
-    assert_eq!((rec.state, rec.owner, rec.fencing), (RecordState::Reserved, fresh.owner, fresh.fencing));
+    let rec = store
+        .get(&key)
+        .await
+        .expect("get")
+        .expect("the fresh reservation is there");
+    assert_eq!(
+        (rec.state, rec.owner, rec.fencing),
+        (RecordState::Reserved, fresh.owner, fresh.fencing)
+    );
 
-    store.complete(&key, &fresh, &value("\"fresh\"")).await.expect("fresh complete");
-    assert_lease_lost(store.complete(&key, &stale, &value("\"stale\"")).await, "stale overwrite");
+    store
+        .complete(&key, &fresh, &value("\"fresh\""))
+        .await
+        .expect("fresh complete");
+    assert_lease_lost(
+        store.complete(&key, &stale, &value("\"stale\"")).await,
+        "stale overwrite",
+    );
     assert_lease_lost(store.release(&key, &stale).await, "stale delete");
     match store.begin(&req(&key)).await.expect("begin") {
         Begin::Completed(c) => {
@@ -183,14 +221,23 @@ pub async fn renew_extends_the_lease<H: Harness>(h: &H) {
     h.advance(Duration::from_millis(600)).await;
     // 1.2 s after reserving with a 1 s lease: alive only because of the renewal.
     match store.begin(&req(&key)).await.expect("begin") {
-        Begin::InFlight { fencing, retry_after } => {
+        Begin::InFlight {
+            fencing,
+            retry_after,
+        } => {
             assert_eq!(fencing, lease.fencing);
-            assert!(retry_after <= Duration::from_millis(400), "retry_after {retry_after:?}");
+            assert!(
+                retry_after <= Duration::from_millis(400),
+                "retry_after {retry_after:?}"
+            );
         }
         other => panic!("expected the renewed lease in flight, got {other:?}"),
     }
     h.advance(Duration::from_millis(600)).await;
-    assert!(matches!(store.begin(&req(&key)).await.expect("begin"), Begin::Reserved { .. }));
+    assert!(matches!(
+        store.begin(&req(&key)).await.expect("begin"),
+        Begin::Reserved { .. }
+    ));
 }
 
 async fn wait_wakes_on<H: Harness>(h: &H, complete: bool) {
@@ -199,23 +246,35 @@ async fn wait_wakes_on<H: Harness>(h: &H, complete: bool) {
     let lease = reserve(&store, &key).await;
     let timeout = Duration::from_secs(30);
     // Renew far beyond the wait, so only a push can end it early.
-    store.renew(&key, &lease, Duration::from_secs(60)).await.expect("renew");
+    store
+        .renew(&key, &lease, Duration::from_secs(60))
+        .await
+        .expect("renew");
     let waiter = {
         let (store, key) = (store.clone(), key.clone());
         tokio::spawn(async move {
             let started = Instant::now();
-            store.wait(&key, lease.fencing, timeout).await.expect("wait");
+            store
+                .wait(&key, lease.fencing, timeout)
+                .await
+                .expect("wait");
             started.elapsed()
         })
     };
     h.advance(Duration::from_millis(50)).await; // let the waiter subscribe
     if complete {
-        store.complete(&key, &lease, &value("1")).await.expect("complete");
+        store
+            .complete(&key, &lease, &value("1"))
+            .await
+            .expect("complete");
     } else {
         store.release(&key, &lease).await.expect("release");
     }
     let waited = waiter.await.expect("waiter");
-    assert!(waited < timeout / 2, "the waiter was not woken (waited {waited:?})");
+    assert!(
+        waited < timeout / 2,
+        "the waiter was not woken (waited {waited:?})"
+    );
 }
 
 /// A waiter returns when the owner completes, long before its timeout.
@@ -233,11 +292,27 @@ pub async fn wait_returns_at_once_when_already_changed<H: Harness>(h: &H) {
     let store = h.store().await;
     let key = unique_key("wait-stale");
     let lease = reserve(&store, &key).await;
-    store.complete(&key, &lease, &value("1")).await.expect("complete");
+    store
+        .complete(&key, &lease, &value("1"))
+        .await
+        .expect("complete");
     let started = Instant::now();
-    store.wait(&key, lease.fencing, Duration::from_secs(30)).await.expect("wait");
-    store.wait(&unique_key("absent"), FencingToken::new(1), Duration::from_secs(30)).await.expect("wait");
-    assert!(started.elapsed() < Duration::from_secs(10), "waited on a finished key");
+    store
+        .wait(&key, lease.fencing, Duration::from_secs(30))
+        .await
+        .expect("wait");
+    store
+        .wait(
+            &unique_key("absent"),
+            FencingToken::new(1),
+            Duration::from_secs(30),
+        )
+        .await
+        .expect("wait");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "waited on a finished key"
+    );
 }
 
 /// With no push (the owner died), a waiter returns when the lease runs out.
@@ -246,12 +321,21 @@ pub async fn wait_ends_at_lease_expiry<H: Harness>(h: &H) {
     let key = unique_key("wait-expiry");
     let lease = reserve(&store, &key).await;
     let started = Instant::now();
-    store.wait(&key, lease.fencing, Duration::from_secs(30)).await.expect("wait");
+    store
+        .wait(&key, lease.fencing, Duration::from_secs(30))
+        .await
+        .expect("wait");
     let waited = started.elapsed();
-    assert!(waited < Duration::from_secs(10), "waited {waited:?} past a 1 s lease");
+    assert!(
+        waited < Duration::from_secs(10),
+        "waited {waited:?} past a 1 s lease"
+    );
     assert!(matches!(
         store.begin(&req(&key)).await.expect("begin"),
-        Begin::Reserved { took_over: true, .. }
+        Begin::Reserved {
+            took_over: true,
+            ..
+        }
     ));
 }
 
@@ -279,13 +363,31 @@ pub async fn corrupt_and_foreign_records_are_typed_errors<H: Harness>(h: &H) {
         truncated,
     ] {
         let key = unique_key("corrupt");
-        store.put_raw(&key, Bytes::from(bytes.clone()), TTL).await.expect("put_raw");
-        assert_eq!(err_kind(store.begin(&req(&key)).await), StoreErrorKind::Corrupt, "{bytes:?}");
-        assert_eq!(err_kind(store.get(&key).await), StoreErrorKind::Corrupt, "{bytes:?}");
+        store
+            .put_raw(&key, Bytes::from(bytes.clone()), TTL)
+            .await
+            .expect("put_raw");
+        assert_eq!(
+            err_kind(store.begin(&req(&key)).await),
+            StoreErrorKind::Corrupt,
+            "{bytes:?}"
+        );
+        assert_eq!(
+            err_kind(store.get(&key).await),
+            StoreErrorKind::Corrupt,
+            "{bytes:?}"
+        );
         // Still there after the failed calls: nothing was silently replaced.
-        assert_eq!(err_kind(store.begin(&req(&key)).await), StoreErrorKind::Corrupt, "{bytes:?}");
+        assert_eq!(
+            err_kind(store.begin(&req(&key)).await),
+            StoreErrorKind::Corrupt,
+            "{bytes:?}"
+        );
         assert!(store.purge(&key).await.expect("purge"));
-        assert!(matches!(store.begin(&req(&key)).await.expect("begin"), Begin::Reserved { .. }));
+        assert!(matches!(
+            store.begin(&req(&key)).await.expect("begin"),
+            Begin::Reserved { .. }
+        ));
     }
 }
 
@@ -301,17 +403,27 @@ pub async fn completed_ttl_is_exact<H: Harness>(h: &H) {
     let store = h.store().await;
     let key = unique_key("ttl");
     let lease = reserve(&store, &key).await;
-    let c = Completion::new(OutcomeKind::Value, Bytes::from_static(b"1"), Duration::from_millis(1_500));
+    let c = Completion::new(
+        OutcomeKind::Value,
+        Bytes::from_static(b"1"),
+        Duration::from_millis(1_500),
+    );
     store.complete(&key, &lease, &c).await.expect("complete");
     let rec = store.get(&key).await.expect("get").expect("record");
     h.advance(Duration::from_millis(1_350)).await;
     assert!(
-        matches!(store.begin(&req(&key)).await.expect("begin"), Begin::Completed(_)),
+        matches!(
+            store.begin(&req(&key)).await.expect("begin"),
+            Begin::Completed(_)
+        ),
         "expired before its 1.5 s TTL"
     );
     h.advance(Duration::from_millis(300)).await;
     assert!(
-        matches!(store.begin(&req(&key)).await.expect("begin"), Begin::Reserved { .. }),
+        matches!(
+            store.begin(&req(&key)).await.expect("begin"),
+            Begin::Reserved { .. }
+        ),
         "alive after its 1.5 s TTL (expires_at_ms {})",
         rec.expires_at_ms
     );
@@ -322,8 +434,14 @@ pub async fn completion_is_idempotent_for_its_owner<H: Harness>(h: &H) {
     let store = h.store().await;
     let key = unique_key("complete-twice");
     let lease = reserve(&store, &key).await;
-    store.complete(&key, &lease, &value("\"a\"")).await.expect("complete");
-    store.complete(&key, &lease, &value("\"a\"")).await.expect("complete again");
+    store
+        .complete(&key, &lease, &value("\"a\""))
+        .await
+        .expect("complete");
+    store
+        .complete(&key, &lease, &value("\"a\""))
+        .await
+        .expect("complete again");
     match store.begin(&req(&key)).await.expect("begin") {
         Begin::Completed(c) => assert_eq!(&c.outcome.bytes()[..], b"\"a\""),
         other => panic!("expected a replay, got {other:?}"),
@@ -344,17 +462,27 @@ pub async fn fencing_tokens_strictly_increase<H: Harness>(h: &H) {
     h.advance(LEASE + Duration::from_millis(100)).await;
     let l = reserve(&store, &key).await;
     tokens.push(l.fencing);
-    let c = Completion::new(OutcomeKind::Value, Bytes::from_static(b"1"), Duration::from_millis(200));
+    let c = Completion::new(
+        OutcomeKind::Value,
+        Bytes::from_static(b"1"),
+        Duration::from_millis(200),
+    );
     store.complete(&key, &l, &c).await.expect("complete");
     h.advance(Duration::from_millis(300)).await;
     tokens.push(reserve(&store, &key).await.fencing);
-    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "fencing tokens {tokens:?}");
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "fencing tokens {tokens:?}"
+    );
 }
 
 async fn reserve_after_release<S: Store>(store: &S, key: &StorageKey, seen: FencingToken) -> Lease {
     let rec = store.get(key).await.expect("get").expect("reserved");
     assert_eq!(rec.fencing, seen);
-    store.release(key, &Lease::new(rec.owner, rec.fencing)).await.expect("release");
+    store
+        .release(key, &Lease::new(rec.owner, rec.fencing))
+        .await
+        .expect("release");
     reserve(store, key).await
 }
 
@@ -370,10 +498,19 @@ pub async fn get_reports_the_record<H: Harness>(h: &H) {
     };
     let rec = store.get(&key).await.expect("get").expect("record");
     assert_eq!(rec.state, RecordState::Reserved);
-    assert_eq!((rec.owner, rec.fencing, rec.fingerprint), (lease.owner, lease.fencing, Some(fp)));
+    assert_eq!(
+        (rec.owner, rec.fencing, rec.fingerprint),
+        (lease.owner, lease.fencing, Some(fp))
+    );
     let lease_ms = rec.expires_at_ms.saturating_sub(rec.created_at_ms);
-    assert!((900..=1_100).contains(&lease_ms), "lease of {lease_ms} ms, asked 1000");
-    store.complete(&key, &lease, &value("\"x\"")).await.expect("complete");
+    assert!(
+        (900..=1_100).contains(&lease_ms),
+        "lease of {lease_ms} ms, asked 1000"
+    );
+    store
+        .complete(&key, &lease, &value("\"x\""))
+        .await
+        .expect("complete");
     let rec = store.get(&key).await.expect("get").expect("record");
     match rec.state {
         RecordState::Completed(o) => assert_eq!(&o.bytes()[..], b"\"x\""),
@@ -390,5 +527,8 @@ pub async fn purge_removes_anything<H: Harness>(h: &H) {
     assert!(store.purge(&key).await.expect("purge"));
     assert_eq!(store.get(&key).await.expect("get"), None);
     // The purged owner's lease is gone with it.
-    assert_lease_lost(store.complete(&key, &lease, &value("1")).await, "complete after purge");
+    assert_lease_lost(
+        store.complete(&key, &lease, &value("1")).await,
+        "complete after purge",
+    );
 }
