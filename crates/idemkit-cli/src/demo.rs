@@ -104,7 +104,11 @@ pub struct KeyRow {
     pub error: Option<String>,
 }
 
-/// The demo's three tables.
+/// The demo's three tables; `Display` prints them in the seed's format.
+///
+/// # Example
+///
+/// See [`run`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Report {
     /// Experiment 1.
@@ -117,6 +121,18 @@ pub struct Report {
 
 /// Runs the three experiments. `store` is called once per experiment row for a store with
 /// no records from earlier rows.
+///
+/// # Example
+///
+/// ```
+/// use idemkit_core::MemoryStore;
+///
+/// # tokio::runtime::Builder::new_multi_thread().enable_time().build().unwrap().block_on(async {
+/// let report = idemkit_cli::demo::run(MemoryStore::new).await;
+/// assert_eq!(report.crash[1].mails, 1); // keyed by job id: one mail despite the crash
+/// println!("{report}");
+/// # });
+/// ```
 pub async fn run<S, F>(store: F) -> Report
 where
     S: Store,

@@ -40,6 +40,25 @@ struct State<J> {
 }
 
 /// The queue. Cloning shares it.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use idemkit_cli::queue::Queue;
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+/// let queue = Queue::new(Duration::from_millis(10));
+/// queue.push("job-1");
+/// let first = queue.receive().await.unwrap();
+/// // No ack: after the visibility timeout the same job is delivered again.
+/// let again = queue.receive().await.unwrap();
+/// assert_eq!((first.job, again.job), ("job-1", "job-1"));
+/// assert!(!queue.ack(&first)); // a stale delivery cannot ack
+/// assert!(queue.ack(&again));
+/// assert_eq!(queue.deliveries(), 2);
+/// # });
+/// ```
 #[derive(Debug)]
 pub struct Queue<J> {
     state: Arc<Mutex<State<J>>>,
