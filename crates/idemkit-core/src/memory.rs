@@ -485,6 +485,39 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn an_expired_lease_is_reported_as_taken_over() {
+        let store = MemoryStore::new();
+        let k = key(0);
+        let lease = Duration::from_secs(1);
+        let first = store
+            .begin(&BeginRequest::new(&k, OwnerToken::random(), lease))
+            .await
+            .unwrap();
+        assert!(matches!(
+            first,
+            Begin::Reserved {
+                took_over: false,
+                ..
+            }
+        ));
+        tokio::time::advance(Duration::from_millis(1_001)).await;
+        let second = store
+            .begin(&BeginRequest::new(&k, OwnerToken::random(), lease))
+            .await
+            .unwrap();
+        assert!(
+            matches!(
+                second,
+                Begin::Reserved {
+                    took_over: true,
+                    ..
+                }
+            ),
+            "{second:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn memory_stays_bounded_under_ttl_churn() {
         let store = MemoryStore::new();
         let ttl = Duration::from_secs(1);

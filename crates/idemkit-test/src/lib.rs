@@ -48,6 +48,33 @@ pub trait Harness: Send + Sync + Sized + 'static {
 
     /// Lets `d` pass on the store's clock (advance paused time, or sleep for a server).
     fn advance(&self, d: Duration) -> impl Future<Output = ()> + Send;
+
+    /// Whether the store's service can be reached. A harness returns `false` only to skip
+    /// on a developer machine without the service; when the `CI` environment variable is
+    /// set it must panic instead (see [`require_service`]).
+    fn available(&self) -> impl Future<Output = bool> + Send {
+        async { true }
+    }
+}
+
+/// For a harness's [`Harness::available`]: `true` if `up`; otherwise panics when `CI` is
+/// set (a missing service is a failure there, never a skip) and returns `false` after
+/// saying what is skipped.
+///
+/// # Example
+///
+/// ```
+/// assert!(idemkit_test::require_service("redis at 127.0.0.1:6379", true));
+/// ```
+pub fn require_service(what: &str, up: bool) -> bool {
+    if up {
+        return true;
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("{what} is not reachable, and CI is set: service tests must not skip");
+    }
+    eprintln!("skipping: {what} is not reachable (set CI to make this a failure)");
+    false
 }
 
 /// A storage key no other test uses: `op` `conformance`, key `name` plus random bits.
@@ -99,7 +126,10 @@ macro_rules! __conformance_tests {
         $(
             #[$attr]
             async fn $name() {
-                $crate::suite::$name(&$harness).await;
+                let harness = $harness;
+                if $crate::Harness::available(&harness).await {
+                    $crate::suite::$name(&harness).await;
+                }
             }
         )*
     };

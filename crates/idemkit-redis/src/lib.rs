@@ -1,0 +1,694 @@
+//! [`RedisStore`]: idemkit's store on Redis 7, single node or Cluster.
+//!
+//! - **One round trip per phase.** `begin`, `renew`, `complete` and `release` are each one
+//!   `EVALSHA` of a Lua script (`lua/*.lua`, loaded once, reloaded on `NOSCRIPT` after a
+//!   server restart). A replay costs one command; a fresh run two.
+//! - **Fencing.** Every write checks the caller's owner token inside the script. Fencing
+//!   tokens come from Redis' `TIME` in microseconds (or one past a just-released token), so
+//!   they increase per key; leases and TTLs expire by Redis' clock (`PX`), never the client's.
+//! - **Push wake-ups.** `complete` and `release` publish on a per-key channel; a waiter
+//!   subscribes to it (RESP3 push on the same connection), re-checks the record, and wakes
+//!   within about one round trip of the owner finishing. Its wait never outlasts the
+//!   owner's lease, which covers a missed message.
+//! - **Cluster.** A record's key and its channel share one hash tag (a digest of the storage
+//!   key), so every script touches one slot; waiters use sharded pub/sub (`SSUBSCRIBE`).
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use idemkit_core::{Coordinator, Key, Operation};
+//! use idemkit_redis::RedisStore;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
+//! let coordinator = Coordinator::new(store);
+//! let (op, key) = (Operation::new("mail.invoice")?, Key::new("order-9.invoice")?);
+//! let receipt = coordinator.call(&op, &key).ttl(Duration::from_secs(86_400))
+//!     .run(|_| async { Ok::<_, std::io::Error>("em_1".to_string()) })
+//!     .await?;
+//! # Ok(()) }
+//! ```
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+use idemkit_core::{
+    Begin, BeginRequest, Completed, Completion, FencingToken, Lease, RawStore, Record, RecordState,
+    StorageKey, Store, StoreError, StoreErrorKind,
+};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::{
+    Cmd, IntoConnectionInfo, Pipeline, ProtocolVersion, PushInfo, PushKind, RedisError,
+    RedisFuture, Script, Value,
+};
+use tokio::sync::Notify;
+
+mod scripts {
+    use super::*;
+
+    macro_rules! script {
+        ($file:literal) => {
+            LazyLock::new(|| {
+                Script::new(concat!(
+                    include_str!("../lua/prelude.lua"),
+                    include_str!($file)
+                ))
+            })
+        };
+    }
+
+    pub(crate) static BEGIN: LazyLock<Script> = script!("../lua/begin.lua");
+    pub(crate) static RENEW: LazyLock<Script> = script!("../lua/renew.lua");
+    pub(crate) static COMPLETE: LazyLock<Script> = script!("../lua/complete.lua");
+    pub(crate) static RELEASE: LazyLock<Script> = script!("../lua/release.lua");
+}
+
+/// A store on Redis. Cheap to clone: clones share the connection and the waiter registry.
+///
+/// # Example
+///
+/// ```no_run
+/// # async fn run() -> Result<(), idemkit_core::StoreError> {
+/// let store = idemkit_redis::RedisStore::builder()
+///     .prefix("billing")
+///     .connect("redis://127.0.0.1:6379")
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    conn: Conn,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    /// Every key this store writes starts with `{prefix}:`.
+    prefix: String,
+    /// Local waiters per wake-up channel. The push handler (called by the connection for
+    /// each pub/sub message) notifies them; a channel is subscribed while it has waiters.
+    waiters: Arc<Waiters>,
+}
+
+#[derive(Default)]
+struct Waiters {
+    channels: Mutex<HashMap<Vec<u8>, (Arc<Notify>, usize)>>,
+}
+
+impl Waiters {
+    fn notify(&self, channel: &[u8]) {
+        let map = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((n, _)) = map.get(channel) {
+            n.notify_waiters();
+        }
+    }
+
+    /// Registers a waiter; returns its `Notify` and whether the channel needs subscribing.
+    fn join(&self, channel: &[u8]) -> (Arc<Notify>, bool) {
+        let mut map = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        let entry = map
+            .entry(channel.to_vec())
+            .or_insert_with(|| (Arc::default(), 0));
+        entry.1 += 1;
+        (entry.0.clone(), entry.1 == 1)
+    }
+
+    /// Unregisters a waiter; returns whether the channel has no waiters left.
+    fn leave(&self, channel: &[u8]) -> bool {
+        let mut map = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        match map.get_mut(channel) {
+            Some(entry) if entry.1 > 1 => {
+                entry.1 -= 1;
+                false
+            }
+            Some(_) => {
+                map.remove(channel);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.shared.prefix)
+            .field("cluster", &matches!(self.conn, Conn::Cluster(_)))
+            .finish()
+    }
+}
+
+/// Configures a [`RedisStore`].
+///
+/// # Example
+///
+/// ```no_run
+/// # async fn run() -> Result<(), idemkit_core::StoreError> {
+/// use std::time::Duration;
+/// let store = idemkit_redis::RedisStore::builder()
+///     .prefix("idemkit")
+///     .response_timeout(Duration::from_millis(500))
+///     .connect_cluster(["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"])
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Builder {
+    prefix: String,
+    response_timeout: Duration,
+    connection_timeout: Duration,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Builder {
+            prefix: "idemkit".to_string(),
+            response_timeout: Duration::from_secs(1),
+            connection_timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+impl Builder {
+    /// The namespace every key starts with (default `idemkit`). It must not contain `{` or
+    /// `}` (they would break Cluster hash tags); such characters are replaced with `_`.
+    ///
+    /// # Example
+    ///
+    /// See [`Builder`].
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into().replace(['{', '}'], "_");
+        self
+    }
+
+    /// How long a command may take before it fails as unavailable (default 1 s).
+    ///
+    /// # Example
+    ///
+    /// See [`Builder`].
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// How long connecting may take (default 1 s).
+    ///
+    /// # Example
+    ///
+    /// See [`Builder`].
+    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
+        self.connection_timeout = timeout;
+        self
+    }
+
+    /// Connects to one Redis server (a `redis://` URL). The connection reconnects by itself;
+    /// calls made while it is down fail as [`StoreErrorKind::Unavailable`].
+    ///
+    /// # Errors
+    ///
+    /// An invalid URL, or a server that cannot be reached now.
+    ///
+    /// # Example
+    ///
+    /// See [`RedisStore::builder`].
+    pub async fn connect(self, url: &str) -> Result<RedisStore, StoreError> {
+        let info = url.into_connection_info().map_err(map_err)?;
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3);
+        let info = info.set_redis_settings(settings);
+        let client = redis::Client::open(info).map_err(map_err)?;
+        let waiters = Arc::new(Waiters::default());
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(self.response_timeout))
+            .set_connection_timeout(Some(self.connection_timeout))
+            .set_number_of_retries(1)
+            .set_automatic_resubscription()
+            .set_push_sender(push_handler(waiters.clone()));
+        let manager = client
+            .get_connection_manager_with_config(config)
+            .await
+            .map_err(map_err)?;
+        Ok(RedisStore {
+            conn: Conn::Single(manager),
+            shared: Arc::new(Shared {
+                prefix: self.prefix,
+                waiters,
+            }),
+        })
+    }
+
+    /// Connects to a Redis Cluster through any of its nodes.
+    ///
+    /// # Errors
+    ///
+    /// Invalid URLs, or no node reachable now.
+    ///
+    /// # Example
+    ///
+    /// See [`Builder`].
+    pub async fn connect_cluster<I, U>(self, nodes: I) -> Result<RedisStore, StoreError>
+    where
+        I: IntoIterator<Item = U>,
+        U: IntoConnectionInfo,
+    {
+        let waiters = Arc::new(Waiters::default());
+        let client = ClusterClientBuilder::new(nodes)
+            .use_protocol(ProtocolVersion::RESP3)
+            .response_timeout(self.response_timeout)
+            .connection_timeout(self.connection_timeout)
+            .push_sender(push_handler(waiters.clone()))
+            .build()
+            .map_err(map_err)?;
+        let conn = client.get_async_connection().await.map_err(map_err)?;
+        Ok(RedisStore {
+            conn: Conn::Cluster(conn),
+            shared: Arc::new(Shared {
+                prefix: self.prefix,
+                waiters,
+            }),
+        })
+    }
+}
+
+/// Called by the connection for every push message: wakes the waiters of its channel.
+fn push_handler(waiters: Arc<Waiters>) -> impl Fn(PushInfo) -> Result<(), ()> + Send + Sync {
+    move |push: PushInfo| {
+        if matches!(push.kind, PushKind::Message | PushKind::SMessage) {
+            if let Some(Value::BulkString(channel)) = push.data.first() {
+                waiters.notify(channel);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl RedisStore {
+    /// Connects to one server with the default settings.
+    ///
+    /// # Errors
+    ///
+    /// See [`Builder::connect`].
+    ///
+    /// # Example
+    ///
+    /// See the [crate docs](crate).
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Builder::default().connect(url).await
+    }
+
+    /// A builder, for a prefix, timeouts, or Cluster.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), idemkit_core::StoreError> {
+    /// let store = idemkit_redis::RedisStore::builder().prefix("tests").connect("redis://127.0.0.1").await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    /// The Redis key a record is stored under: `{prefix}:{{tag}}:{storage key}`, where the
+    /// tag is a 64-bit FNV-1a digest of the storage key in hex. The tag puts the record and
+    /// its wake-up channel in one Cluster slot whatever characters the key holds.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn run(store: idemkit_redis::RedisStore) -> Result<(), Box<dyn std::error::Error>> {
+    /// use idemkit_core::{Key, Operation, StorageKey};
+    /// let sk = StorageKey::new(&Operation::new("op")?, None, &Key::new("k")?);
+    /// assert!(store.redis_key(&sk).ends_with("}:op:0::k"));
+    /// # Ok(()) }
+    /// ```
+    pub fn redis_key(&self, key: &StorageKey) -> String {
+        let prefix = &self.shared.prefix;
+        format!(
+            "{prefix}:{{{:016x}}}:{}",
+            fnv1a(key.as_str().as_bytes()),
+            key.as_str()
+        )
+    }
+
+    fn channel(&self, redis_key: &str) -> String {
+        // Same hash tag as the record (the first `{...}`), hence the same slot.
+        format!("{redis_key}:wake")
+    }
+
+    fn publish_command(&self) -> &'static str {
+        match self.conn {
+            Conn::Single(_) => "PUBLISH",
+            Conn::Cluster(_) => "SPUBLISH",
+        }
+    }
+
+    async fn subscribe(&self, channel: &str) -> Result<(), RedisError> {
+        match self.conn.clone() {
+            Conn::Single(mut c) => c.subscribe(channel).await,
+            Conn::Cluster(mut c) => c.ssubscribe(channel).await,
+        }
+    }
+
+    async fn unsubscribe(&self, channel: &str) -> Result<(), RedisError> {
+        match self.conn.clone() {
+            Conn::Single(mut c) => c.unsubscribe(channel).await,
+            Conn::Cluster(mut c) => c.sunsubscribe(channel).await,
+        }
+    }
+
+    /// The live record's bytes and remaining lease/TTL in ms, one round trip.
+    async fn get_with_pttl(&self, rkey: &str) -> Result<(Option<Vec<u8>>, i64), RedisError> {
+        let mut pipe = Pipeline::new();
+        pipe.get(rkey).pttl(rkey);
+        pipe.query_async(&mut self.conn.clone()).await
+    }
+}
+
+/// 64-bit FNV-1a: stable across processes and versions (it names keys), and fast.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+fn ms(d: Duration) -> u64 {
+    // Round up: a sub-millisecond remainder must not shorten a TTL, and PX 0 is an error.
+    let ms = d.as_millis() as u64;
+    if Duration::from_millis(ms) < d {
+        ms + 1
+    } else {
+        ms.max(1)
+    }
+}
+
+/// Maps a Redis error to what the coordinator must do about it.
+fn map_err(e: RedisError) -> StoreError {
+    let kind = if e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || matches!(
+            e.code(),
+            Some("LOADING" | "MASTERDOWN" | "CLUSTERDOWN" | "TRYAGAIN" | "BUSY")
+        ) {
+        StoreErrorKind::Unavailable
+    } else if e.code() == Some("WRONGTYPE") {
+        // Something else keeps a hash, list... under our key.
+        StoreErrorKind::Corrupt
+    } else {
+        StoreErrorKind::Other
+    };
+    StoreError::new(kind, e)
+}
+
+fn int(v: Option<&Value>) -> Result<i64, StoreError> {
+    match v {
+        Some(Value::Int(i)) => Ok(*i),
+        other => Err(StoreError::new(
+            StoreErrorKind::Other,
+            format!("unexpected reply {other:?}"),
+        )),
+    }
+}
+
+fn bytes(v: Option<&Value>) -> Result<&[u8], StoreError> {
+    match v {
+        Some(Value::BulkString(b)) => Ok(b.as_slice()),
+        other => Err(StoreError::new(
+            StoreErrorKind::Other,
+            format!("unexpected reply {other:?}"),
+        )),
+    }
+}
+
+fn decode(bytes: &[u8]) -> Result<Record, StoreError> {
+    Record::decode(bytes).map_err(StoreError::corrupt)
+}
+
+/// A release tombstone (see `lua/prelude.lua`): the key is free.
+fn is_tombstone(bytes: &[u8]) -> bool {
+    bytes.len() == 13 && bytes.starts_with(b"IDK\x01\x03")
+}
+
+impl Store for RedisStore {
+    async fn begin(&self, req: &BeginRequest<'_>) -> Result<Begin, StoreError> {
+        let rkey = self.redis_key(req.key);
+        let fingerprint = req.fingerprint.map(|f| f.to_bytes());
+        let reply: Vec<Value> = scripts::BEGIN
+            .key(&rkey)
+            .arg(&req.owner.as_u128().to_be_bytes()[..])
+            .arg(ms(req.lease))
+            .arg(fingerprint.as_ref().map_or(&[][..], |f| &f[..]))
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(map_err)?;
+        match int(reply.first())? {
+            0 => {
+                let fencing = FencingToken::new(int(reply.get(1))? as u64);
+                Ok(Begin::Reserved {
+                    lease: Lease::new(req.owner, fencing),
+                    took_over: false,
+                })
+            }
+            1 => {
+                let record = decode(bytes(reply.get(1))?)?;
+                let pttl = int(reply.get(2))?;
+                Ok(match record.state {
+                    RecordState::Completed(outcome) => {
+                        Begin::Completed(Completed::new(record.fencing, outcome))
+                    }
+                    _ => Begin::InFlight {
+                        retry_after: Duration::from_millis(pttl.max(0) as u64),
+                        fencing: record.fencing,
+                    },
+                })
+            }
+            2 => Ok(Begin::Mismatch),
+            _ => Err(decode(bytes(reply.get(1))?).err().unwrap_or_else(|| {
+                StoreError::corrupt("record of an unknown layout under the key")
+            })),
+        }
+    }
+
+    async fn renew(
+        &self,
+        key: &StorageKey,
+        lease: &Lease,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        let renewed: i64 = scripts::RENEW
+            .key(self.redis_key(key))
+            .arg(&lease.owner.as_u128().to_be_bytes()[..])
+            .arg(ms(ttl))
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(map_err)?;
+        if renewed == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::lease_lost())
+        }
+    }
+
+    async fn complete(
+        &self,
+        key: &StorageKey,
+        lease: &Lease,
+        completion: &Completion,
+    ) -> Result<(), StoreError> {
+        let rkey = self.redis_key(key);
+        let done: i64 = scripts::COMPLETE
+            .key(&rkey)
+            .arg(&lease.owner.as_u128().to_be_bytes()[..])
+            .arg(&[completion.kind.to_byte()][..])
+            .arg(ms(completion.ttl))
+            .arg(&completion.bytes[..])
+            .arg(self.channel(&rkey))
+            .arg(self.publish_command())
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(map_err)?;
+        if done == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::lease_lost())
+        }
+    }
+
+    async fn release(&self, key: &StorageKey, lease: &Lease) -> Result<(), StoreError> {
+        let rkey = self.redis_key(key);
+        let done: i64 = scripts::RELEASE
+            .key(&rkey)
+            .arg(&lease.owner.as_u128().to_be_bytes()[..])
+            .arg(self.channel(&rkey))
+            .arg(self.publish_command())
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(map_err)?;
+        if done == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::lease_lost())
+        }
+    }
+
+    async fn wait(
+        &self,
+        key: &StorageKey,
+        seen: FencingToken,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        let rkey = self.redis_key(key);
+        let channel = self.channel(&rkey);
+        let (notify, first) = self.shared.waiters.join(channel.as_bytes());
+        // Created before subscribing and re-checking: a message from then on is not lost.
+        let notified = notify.notified();
+        let result = async {
+            if first {
+                self.subscribe(&channel).await.map_err(map_err)?;
+            }
+            // The owner may have finished between the caller's `begin` and the subscription.
+            let (bytes, pttl) = self.get_with_pttl(&rkey).await.map_err(map_err)?;
+            let live = match bytes.as_deref() {
+                Some(b) if !is_tombstone(b) => {
+                    let r = decode(b)?;
+                    matches!(r.state, RecordState::Reserved) && r.fencing == seen
+                }
+                _ => false,
+            };
+            if live && pttl > 0 {
+                // Never past the lease: an owner that died sends nothing.
+                let until = timeout.min(Duration::from_millis(pttl as u64));
+                let _ = tokio::time::timeout(until, notified).await;
+            }
+            Ok(())
+        }
+        .await;
+        if self.shared.waiters.leave(channel.as_bytes()) {
+            // Nobody else waits on this key here: unsubscribe in the background, off the
+            // waiter's path (a failure only leaves a harmless subscription until reconnect).
+            let store = self.clone();
+            tokio::spawn(async move {
+                if let Err(e) = store.unsubscribe(&channel).await {
+                    tracing::debug!(error = %e, "unsubscribe failed");
+                }
+            });
+        }
+        result
+    }
+
+    async fn get(&self, key: &StorageKey) -> Result<Option<Record>, StoreError> {
+        let bytes: Option<Vec<u8>> = redis::cmd("GET")
+            .arg(self.redis_key(key))
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(map_err)?;
+        match bytes {
+            Some(b) if !is_tombstone(&b) => decode(&b).map(Some),
+            _ => Ok(None),
+        }
+    }
+}
+
+impl RawStore for RedisStore {
+    async fn put_raw(
+        &self,
+        key: &StorageKey,
+        bytes: Bytes,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        redis::cmd("SET")
+            .arg(self.redis_key(key))
+            .arg(&bytes[..])
+            .arg("PX")
+            .arg(ms(ttl))
+            .query_async::<()>(&mut self.conn.clone())
+            .await
+            .map_err(map_err)
+    }
+
+    async fn purge(&self, key: &StorageKey) -> Result<bool, StoreError> {
+        let rkey = self.redis_key(key);
+        let mut pipe = Pipeline::new();
+        pipe.del(&rkey)
+            .cmd(self.publish_command())
+            .arg(self.channel(&rkey))
+            .arg("")
+            .ignore();
+        let (deleted,): (i64,) = pipe
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(map_err)?;
+        Ok(deleted > 0)
+    }
+}
+
+// ===== connection =====
+
+/// A single-node or Cluster connection, behind one `ConnectionLike` so scripts and
+/// pipelines run on either.
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttls_round_up_to_whole_milliseconds() {
+        assert_eq!(ms(Duration::from_millis(1_500)), 1_500);
+        assert_eq!(ms(Duration::from_micros(1_500_001)), 1_501);
+        assert_eq!(ms(Duration::from_nanos(1)), 1);
+        assert_eq!(ms(Duration::ZERO), 1);
+    }
+
+    #[test]
+    fn fnv1a_is_the_reference_function() {
+        // Published test vectors of 64-bit FNV-1a.
+        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+}
