@@ -1,0 +1,230 @@
+//! The coordinator on Redis: round trips counted by Redis itself, stale owners, waiters, and
+//! outages of a Redis process the test owns (stopped and restarted on its own port).
+
+mod support;
+
+use std::convert::Infallible;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idemkit_core::{
+    Coordinator, ErrorKind, InFlight, Key, OnStoreError, Operation, Policy, Source, Store,
+};
+use idemkit_redis::RedisStore;
+use idemkit_test::{Fault, Probe};
+use support::RedisProcess;
+
+fn op() -> Operation {
+    Operation::new("mail.invoice").unwrap()
+}
+
+fn key(k: &str) -> Key {
+    Key::new(k).unwrap()
+}
+
+#[derive(Clone, Default)]
+struct Mailer(Arc<AtomicUsize>);
+
+impl Mailer {
+    async fn send(&self, delay: Duration) -> Result<String, Infallible> {
+        let n = self.0.fetch_add(1, Ordering::SeqCst) + 1;
+        tokio::time::sleep(delay).await;
+        Ok(format!("em_{n}"))
+    }
+
+    fn sent(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// The commands clients sent to a server while `f` ran, as Redis' MONITOR reports them
+/// (commands run inside scripts are excluded: MONITOR marks them `lua`).
+async fn client_commands<F: std::future::Future<Output = ()>>(port: u16, f: F) -> Vec<String> {
+    let mut monitor = Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "monitor"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(monitor.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "OK");
+    f.await;
+    // A marker from another connection closes the window.
+    let marker = format!("end-{:x}", fastrand::u64(..));
+    Command::new("redis-cli").args(["-p", &port.to_string(), "echo", &marker]).output().unwrap();
+    let mut seen = Vec::new();
+    for line in lines {
+        let line = line.unwrap();
+        if line.contains(&marker) {
+            break;
+        }
+        if !line.contains(" lua]") {
+            // `1700000000.123456 [0 127.0.0.1:5555] "EVALSHA" "abc..." ...`
+            let cmd = line.split('"').nth(1).unwrap_or_default().to_ascii_uppercase();
+            seen.push(cmd);
+        }
+    }
+    let _ = monitor.kill();
+    let _ = monitor.wait();
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hit_is_one_command_and_a_miss_two() {
+    let server = RedisProcess::start(&[]);
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let c = Coordinator::new(store);
+    let mailer = Mailer::default();
+    // Load the scripts first (the first call of each meets NOSCRIPT once).
+    c.call(&op(), &key("warm-up")).run(|_| mailer.send(Duration::ZERO)).await.unwrap();
+
+    let miss = client_commands(server.port, async {
+        let out = c.call(&op(), &key("k")).run(|_| mailer.send(Duration::ZERO)).await.unwrap();
+        assert_eq!(out.source, Source::Fresh);
+    })
+    .await;
+    assert_eq!(miss, ["EVALSHA", "EVALSHA"], "miss: begin + complete");
+
+    let hit = client_commands(server.port, async {
+        let out = c.call(&op(), &key("k")).run(|_| mailer.send(Duration::ZERO)).await.unwrap();
+        assert_eq!(out.source, Source::Replayed);
+    })
+    .await;
+    assert_eq!(hit, ["EVALSHA"], "hit: begin only");
+    assert_eq!(mailer.sent(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_owner_loses_and_a_waiter_gets_the_new_owners_result() {
+    let Some(store) = support::connect(&support::redis_url()).await else { return };
+    let policy = Policy::default().lease(Duration::from_millis(600));
+    // A's renewals fail: its lease runs out while it still works.
+    let a_store = Probe::new(store.clone());
+    a_store.fail(Fault::Renew, true);
+    let a = Coordinator::builder(a_store).policy(policy).build();
+    let b = Coordinator::builder(store.clone()).policy(policy).build();
+    let k = key(&format!("stale-{:x}", fastrand::u64(..)));
+
+    let a_task = {
+        let k = k.clone();
+        tokio::spawn(async move {
+            a.call(&op(), &k)
+                .run(|_| async {
+                    tokio::time::sleep(Duration::from_millis(2_000)).await;
+                    Ok::<_, Infallible>("from A".to_string())
+                })
+                .await
+                .unwrap()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(800)).await; // A's lease is gone
+    let b_task = {
+        let (b, k) = (b.clone(), k.clone());
+        tokio::spawn(async move {
+            b.call(&op(), &k)
+                .in_flight(InFlight::Reject)
+                .run(|_| async {
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    Ok::<_, Infallible>("from B".to_string())
+                })
+                .await
+                .unwrap()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // W arrives while B runs, waits (push wake-up) and gets B's result.
+    let waited = b
+        .call(&op(), &k)
+        .run(|_| async { Ok::<_, Infallible>("from W".to_string()) })
+        .await
+        .unwrap();
+    assert_eq!((waited.value.as_str(), waited.source), ("from B", Source::Replayed));
+    assert_eq!(b_task.await.unwrap().source, Source::Fresh);
+    let a_out = a_task.await.unwrap();
+    assert_eq!(a_out.value, "from A"); // A's caller gets A's value; the record stays B's
+    let after = b.call(&op(), &k).run(|_| async { Ok::<_, Infallible>("x".to_string()) }).await;
+    assert_eq!(after.unwrap().value, "from B");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_server_down_fail_closed_runs_nothing_and_fail_open_runs_and_counts() {
+    let mut server = RedisProcess::start(&[]);
+    let store = RedisStore::builder()
+        .response_timeout(Duration::from_millis(300))
+        .connection_timeout(Duration::from_millis(300))
+        .connect(&server.url())
+        .await
+        .unwrap();
+    server.stop();
+    let mailer = Mailer::default();
+
+    let closed = Coordinator::new(store.clone());
+    let r = closed.call(&op(), &key("k")).run(|_| mailer.send(Duration::ZERO)).await;
+    assert_eq!(r.unwrap_err().kind(), ErrorKind::StoreUnavailable);
+    assert_eq!(mailer.sent(), 0);
+
+    let open = Coordinator::builder(store.clone())
+        .policy(Policy::default().on_store_error(OnStoreError::FailOpen))
+        .build();
+    let r = open.call(&op(), &key("k")).run(|_| mailer.send(Duration::ZERO)).await.unwrap();
+    assert_eq!(r.source, Source::Unprotected);
+    assert_eq!(mailer.sent(), 1);
+
+    // Back up: the same store handle reconnects and protects again.
+    server.restart();
+    let out = wait_until_up(&closed, "after-restart").await;
+    assert_eq!(out, Source::Fresh);
+}
+
+/// Retries a fresh call until the reconnecting store answers; returns its source.
+async fn wait_until_up<S: Store>(c: &Coordinator<S>, k: &str) -> Source {
+    for _ in 0..100 {
+        let r = c.call(&op(), &key(k)).run(|_| async { Ok::<_, Infallible>(1) }).await;
+        match r {
+            Ok(out) => return out.source,
+            Err(e) if e.kind() == ErrorKind::StoreUnavailable => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("unexpected {e}"),
+        }
+    }
+    panic!("the store did not come back");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_between_begin_and_complete_loses_the_reservation_not_the_result() {
+    let mut server = RedisProcess::start(&[]);
+    let store = RedisStore::builder()
+        .response_timeout(Duration::from_millis(300))
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let c = Coordinator::new(store.clone());
+    let mailer = Mailer::default();
+    // Scripts loaded, then the server restarts empty (no scripts, no records) mid-action.
+    c.call(&op(), &key("warm-up")).run(|_| mailer.send(Duration::ZERO)).await.unwrap();
+    let out = c
+        .call(&op(), &key("k"))
+        .run(|_| async {
+            server.stop();
+            server.restart();
+            // Let the connection notice and reconnect before completing.
+            let probe = Coordinator::new(store.clone());
+            wait_until_up(&probe, "probe").await;
+            mailer.send(Duration::ZERO).await
+        })
+        .await
+        .unwrap();
+    // The action ran and its caller has the value; the reservation died with the server, so
+    // `complete` (reloading its script after NOSCRIPT) found no lease and stored nothing.
+    assert_eq!((out.value.as_str(), out.source), ("em_2", Source::Fresh));
+    let sk = idemkit_core::StorageKey::new(&op(), None, &key("k"));
+    assert_eq!(store.get(&sk).await.unwrap(), None);
+    // The documented window: a retry runs again, and from then on replays.
+    let again = c.call(&op(), &key("k")).run(|_| mailer.send(Duration::ZERO)).await.unwrap();
+    assert_eq!((again.value.as_str(), again.source), ("em_3", Source::Fresh));
+    let replay = c.call(&op(), &key("k")).run(|_| mailer.send(Duration::ZERO)).await.unwrap();
+    assert_eq!((replay.value.as_str(), replay.source), ("em_3", Source::Replayed));
+}
