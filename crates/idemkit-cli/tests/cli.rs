@@ -1,17 +1,15 @@
 //! The `idemkit` binary as a user runs it.
 
-use std::process::Command;
+use std::process::{Command, Output};
 
-fn idemkit(args: &[&str]) -> std::process::Output {
+fn idemkit(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_idemkit"))
         .args(args)
         .output()
         .unwrap()
 }
 
-#[test]
-fn demo_prints_the_three_tables() {
-    let out = idemkit(&["demo", "--store", "memory"]);
+fn assert_tables(out: Output) {
     assert!(
         out.status.success(),
         "{}",
@@ -33,8 +31,30 @@ fn demo_prints_the_three_tables() {
 }
 
 #[test]
+fn demo_prints_the_three_tables() {
+    assert_tables(idemkit(&["demo", "--store", "memory"]));
+}
+
+#[test]
+fn demo_on_redis_prints_the_same_tables() {
+    let url =
+        std::env::var("IDEMKIT_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let up = std::net::TcpStream::connect(url.trim_start_matches("redis://")).is_ok();
+    if idemkit_test::require_service(&format!("redis at {url}"), up) {
+        assert_tables(idemkit(&["demo", "--store", &url]));
+    }
+}
+
+#[test]
 fn an_unknown_store_is_a_usage_error() {
     let out = idemkit(&["demo", "--store", "carrier-pigeon"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unsupported store"));
+}
+
+#[test]
+fn an_unreachable_redis_is_a_clear_failure() {
+    let out = idemkit(&["demo", "--store", "redis://127.0.0.1:1"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot connect"));
 }

@@ -95,9 +95,12 @@ struct Shared {
     waiters: Arc<Waiters>,
 }
 
+/// A channel's wake-up and how many local waiters use it.
+type Channel = (Arc<Notify>, usize);
+
 #[derive(Default)]
 struct Waiters {
-    channels: Mutex<HashMap<Vec<u8>, (Arc<Notify>, usize)>>,
+    channels: Mutex<HashMap<Vec<u8>, Channel>>,
 }
 
 impl Waiters {
@@ -281,10 +284,10 @@ impl Builder {
 /// Called by the connection for every push message: wakes the waiters of its channel.
 fn push_handler(waiters: Arc<Waiters>) -> impl Fn(PushInfo) -> Result<(), ()> + Send + Sync {
     move |push: PushInfo| {
-        if matches!(push.kind, PushKind::Message | PushKind::SMessage) {
-            if let Some(Value::BulkString(channel)) = push.data.first() {
-                waiters.notify(channel);
-            }
+        if let (PushKind::Message | PushKind::SMessage, Some(Value::BulkString(channel))) =
+            (&push.kind, push.data.first())
+        {
+            waiters.notify(channel);
         }
         Ok(())
     }
@@ -302,6 +305,27 @@ impl RedisStore {
     /// See the [crate docs](crate).
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         Builder::default().connect(url).await
+    }
+
+    /// The same connection under another key prefix: a separate namespace of records that
+    /// costs no new connection.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), idemkit_core::StoreError> {
+    /// let store = idemkit_redis::RedisStore::connect("redis://127.0.0.1").await?;
+    /// let billing = store.with_prefix("billing");
+    /// # Ok(()) }
+    /// ```
+    pub fn with_prefix(&self, prefix: impl Into<String>) -> Self {
+        RedisStore {
+            conn: self.conn.clone(),
+            shared: Arc::new(Shared {
+                prefix: prefix.into().replace(['{', '}'], "_"),
+                waiters: self.shared.waiters.clone(),
+            }),
+        }
     }
 
     /// A builder, for a prefix, timeouts, or Cluster.

@@ -53,7 +53,10 @@ async fn client_commands<F: std::future::Future<Output = ()>>(port: u16, f: F) -
     f.await;
     // A marker from another connection closes the window.
     let marker = format!("end-{:x}", fastrand::u64(..));
-    Command::new("redis-cli").args(["-p", &port.to_string(), "echo", &marker]).output().unwrap();
+    Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "echo", &marker])
+        .output()
+        .unwrap();
     let mut seen = Vec::new();
     for line in lines {
         let line = line.unwrap();
@@ -62,7 +65,11 @@ async fn client_commands<F: std::future::Future<Output = ()>>(port: u16, f: F) -
         }
         if !line.contains(" lua]") {
             // `1700000000.123456 [0 127.0.0.1:5555] "EVALSHA" "abc..." ...`
-            let cmd = line.split('"').nth(1).unwrap_or_default().to_ascii_uppercase();
+            let cmd = line
+                .split('"')
+                .nth(1)
+                .unwrap_or_default()
+                .to_ascii_uppercase();
             seen.push(cmd);
         }
     }
@@ -78,17 +85,28 @@ async fn a_hit_is_one_command_and_a_miss_two() {
     let c = Coordinator::new(store);
     let mailer = Mailer::default();
     // Load the scripts first (the first call of each meets NOSCRIPT once).
-    c.call(&op(), &key("warm-up")).run(|_| mailer.send(Duration::ZERO)).await.unwrap();
+    c.call(&op(), &key("warm-up"))
+        .run(|_| mailer.send(Duration::ZERO))
+        .await
+        .unwrap();
 
     let miss = client_commands(server.port, async {
-        let out = c.call(&op(), &key("k")).run(|_| mailer.send(Duration::ZERO)).await.unwrap();
+        let out = c
+            .call(&op(), &key("k"))
+            .run(|_| mailer.send(Duration::ZERO))
+            .await
+            .unwrap();
         assert_eq!(out.source, Source::Fresh);
     })
     .await;
     assert_eq!(miss, ["EVALSHA", "EVALSHA"], "miss: begin + complete");
 
     let hit = client_commands(server.port, async {
-        let out = c.call(&op(), &key("k")).run(|_| mailer.send(Duration::ZERO)).await.unwrap();
+        let out = c
+            .call(&op(), &key("k"))
+            .run(|_| mailer.send(Duration::ZERO))
+            .await
+            .unwrap();
         assert_eq!(out.source, Source::Replayed);
     })
     .await;
@@ -98,7 +116,9 @@ async fn a_hit_is_one_command_and_a_miss_two() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_owner_loses_and_a_waiter_gets_the_new_owners_result() {
-    let Some(store) = support::connect(&support::redis_url()).await else { return };
+    let Some(store) = support::connect(&support::redis_url()).await else {
+        return;
+    };
     let policy = Policy::default().lease(Duration::from_millis(600));
     // A's renewals fail: its lease runs out while it still works.
     let a_store = Probe::new(store.clone());
@@ -140,11 +160,17 @@ async fn a_stale_owner_loses_and_a_waiter_gets_the_new_owners_result() {
         .run(|_| async { Ok::<_, Infallible>("from W".to_string()) })
         .await
         .unwrap();
-    assert_eq!((waited.value.as_str(), waited.source), ("from B", Source::Replayed));
+    assert_eq!(
+        (waited.value.as_str(), waited.source),
+        ("from B", Source::Replayed)
+    );
     assert_eq!(b_task.await.unwrap().source, Source::Fresh);
     let a_out = a_task.await.unwrap();
     assert_eq!(a_out.value, "from A"); // A's caller gets A's value; the record stays B's
-    let after = b.call(&op(), &k).run(|_| async { Ok::<_, Infallible>("x".to_string()) }).await;
+    let after = b
+        .call(&op(), &k)
+        .run(|_| async { Ok::<_, Infallible>("x".to_string()) })
+        .await;
     assert_eq!(after.unwrap().value, "from B");
 }
 
@@ -161,14 +187,21 @@ async fn with_the_server_down_fail_closed_runs_nothing_and_fail_open_runs_and_co
     let mailer = Mailer::default();
 
     let closed = Coordinator::new(store.clone());
-    let r = closed.call(&op(), &key("k")).run(|_| mailer.send(Duration::ZERO)).await;
+    let r = closed
+        .call(&op(), &key("k"))
+        .run(|_| mailer.send(Duration::ZERO))
+        .await;
     assert_eq!(r.unwrap_err().kind(), ErrorKind::StoreUnavailable);
     assert_eq!(mailer.sent(), 0);
 
     let open = Coordinator::builder(store.clone())
         .policy(Policy::default().on_store_error(OnStoreError::FailOpen))
         .build();
-    let r = open.call(&op(), &key("k")).run(|_| mailer.send(Duration::ZERO)).await.unwrap();
+    let r = open
+        .call(&op(), &key("k"))
+        .run(|_| mailer.send(Duration::ZERO))
+        .await
+        .unwrap();
     assert_eq!(r.source, Source::Unprotected);
     assert_eq!(mailer.sent(), 1);
 
@@ -181,7 +214,10 @@ async fn with_the_server_down_fail_closed_runs_nothing_and_fail_open_runs_and_co
 /// Retries a fresh call until the reconnecting store answers; returns its source.
 async fn wait_until_up<S: Store>(c: &Coordinator<S>, k: &str) -> Source {
     for _ in 0..100 {
-        let r = c.call(&op(), &key(k)).run(|_| async { Ok::<_, Infallible>(1) }).await;
+        let r = c
+            .call(&op(), &key(k))
+            .run(|_| async { Ok::<_, Infallible>(1) })
+            .await;
         match r {
             Ok(out) => return out.source,
             Err(e) if e.kind() == ErrorKind::StoreUnavailable => {
@@ -204,7 +240,10 @@ async fn a_restart_between_begin_and_complete_loses_the_reservation_not_the_resu
     let c = Coordinator::new(store.clone());
     let mailer = Mailer::default();
     // Scripts loaded, then the server restarts empty (no scripts, no records) mid-action.
-    c.call(&op(), &key("warm-up")).run(|_| mailer.send(Duration::ZERO)).await.unwrap();
+    c.call(&op(), &key("warm-up"))
+        .run(|_| mailer.send(Duration::ZERO))
+        .await
+        .unwrap();
     let out = c
         .call(&op(), &key("k"))
         .run(|_| async {
@@ -223,8 +262,22 @@ async fn a_restart_between_begin_and_complete_loses_the_reservation_not_the_resu
     let sk = idemkit_core::StorageKey::new(&op(), None, &key("k"));
     assert_eq!(store.get(&sk).await.unwrap(), None);
     // The documented window: a retry runs again, and from then on replays.
-    let again = c.call(&op(), &key("k")).run(|_| mailer.send(Duration::ZERO)).await.unwrap();
-    assert_eq!((again.value.as_str(), again.source), ("em_3", Source::Fresh));
-    let replay = c.call(&op(), &key("k")).run(|_| mailer.send(Duration::ZERO)).await.unwrap();
-    assert_eq!((replay.value.as_str(), replay.source), ("em_3", Source::Replayed));
+    let again = c
+        .call(&op(), &key("k"))
+        .run(|_| mailer.send(Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(
+        (again.value.as_str(), again.source),
+        ("em_3", Source::Fresh)
+    );
+    let replay = c
+        .call(&op(), &key("k"))
+        .run(|_| mailer.send(Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(
+        (replay.value.as_str(), replay.source),
+        ("em_3", Source::Replayed)
+    );
 }

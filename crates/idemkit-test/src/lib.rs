@@ -91,13 +91,12 @@ pub fn unique_key(name: &str) -> StorageKey {
     StorageKey::new(&op, None, &key)
 }
 
-/// Generates one `#[test]` per conformance check for a [`Harness`].
-///
-/// `store_conformance!(#[tokio::test(start_paused = true)] MyHarness);`
+/// Calls `$then!($($args)*; <every check name>)`: the one list of conformance checks.
+#[doc(hidden)]
 #[macro_export]
-macro_rules! store_conformance {
-    (#[$attr:meta] $harness:expr) => {
-        $crate::__conformance_tests!(#[$attr] $harness;
+macro_rules! __with_checks {
+    ($then:ident!($($args:tt)*)) => {
+        $crate::$then! { $($args)*;
             reserve_once_under_contention,
             replay_returns_the_completed_outcome,
             fingerprint_mismatch_is_reported,
@@ -115,8 +114,63 @@ macro_rules! store_conformance {
             fencing_tokens_strictly_increase,
             get_reports_the_record,
             purge_removes_anything
-        );
+        }
     };
+}
+
+/// Generates one `#[test]` per conformance check for a [`Harness`].
+///
+/// `store_conformance!(#[tokio::test(start_paused = true)] MyHarness);`
+#[macro_export]
+macro_rules! store_conformance {
+    (#[$attr:meta] $harness:expr) => {
+        $crate::__with_checks!(__conformance_tests!(
+            #[$attr]
+            $harness
+        ));
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __spawn_checks {
+    ($harness:expr; $($name:ident),* $(,)?) => {{
+        let mut tasks = Vec::new();
+        $(
+            let h = ::std::sync::Arc::clone(&$harness);
+            tasks.push((stringify!($name), ::tokio::spawn(async move { $crate::suite::$name(&*h).await })));
+        )*
+        tasks
+    }};
+}
+
+/// Runs every conformance check concurrently on one harness, in one test: for a service
+/// that a test starts itself and must stop at its end (a Redis Cluster, say). Panics with
+/// the names of the checks that failed.
+///
+/// # Example
+///
+/// ```no_run
+/// # use std::sync::Arc;
+/// # struct H;
+/// # impl idemkit_test::Harness for H {
+/// #     type Store = idemkit_core::MemoryStore;
+/// #     async fn store(&self) -> Self::Store { idemkit_core::MemoryStore::new() }
+/// #     async fn advance(&self, d: std::time::Duration) { tokio::time::sleep(d).await }
+/// # }
+/// # async fn t() {
+/// idemkit_test::run_all(Arc::new(H)).await;
+/// # }
+/// ```
+pub async fn run_all<H: Harness>(harness: std::sync::Arc<H>) {
+    let tasks = __with_checks!(__spawn_checks!(harness));
+    let mut failed = Vec::new();
+    for (name, task) in tasks {
+        if task.await.is_err() {
+            failed.push(name);
+        }
+    }
+    assert!(failed.is_empty(), "conformance checks failed: {failed:?}");
 }
 
 #[doc(hidden)]

@@ -101,14 +101,11 @@ impl RedisProcess {
 
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-            // `timeout` forwards nothing on SIGKILL: stop the server itself by its port.
-            let _ = Command::new("redis-cli")
-                .args(["-p", &self.port.to_string(), "shutdown", "nosave"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
+            // SIGTERM to `timeout`, which passes it on to redis-server and reaps it.
+            let _ = Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
                 .status();
+            let _ = c.wait();
             for _ in 0..200 {
                 if !redis_ping(self.port) {
                     return;

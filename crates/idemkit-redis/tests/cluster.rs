@@ -1,0 +1,133 @@
+//! The conformance suite on a real Redis Cluster of three masters, started by this test on
+//! free loopback ports (`redis-server --cluster-enabled yes` + `redis-cli --cluster create`)
+//! and stopped at its end.
+
+mod support;
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idemkit_core::{Begin, BeginRequest, Key, Operation, OwnerToken, StorageKey, Store};
+use idemkit_redis::RedisStore;
+use idemkit_test::Harness;
+use support::RedisProcess;
+
+struct Cluster {
+    nodes: Vec<RedisProcess>,
+}
+
+impl Cluster {
+    fn start() -> Self {
+        let nodes: Vec<_> = (0..3)
+            .map(|_| {
+                RedisProcess::start(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "5000",
+                ])
+            })
+            .collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("redis-cli");
+        assert!(
+            out.status.success(),
+            "cluster create: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        for n in &nodes {
+            wait_for(
+                || cluster_info(n.port).contains("cluster_state:ok"),
+                "cluster_state:ok",
+            );
+        }
+        Cluster { nodes }
+    }
+
+    fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisProcess::url).collect()
+    }
+}
+
+fn cluster_info(port: u16) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "cluster", "info"])
+        .output();
+    out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+fn dbsize(port: u16) -> u64 {
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "dbsize"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+fn wait_for(mut ok: impl FnMut() -> bool, what: &str) {
+    for _ in 0..400 {
+        if ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    panic!("timed out waiting for {what}");
+}
+
+struct OnCluster {
+    urls: Vec<String>,
+}
+
+impl Harness for OnCluster {
+    type Store = RedisStore;
+
+    async fn store(&self) -> RedisStore {
+        RedisStore::builder()
+            .prefix(support::prefix())
+            .connect_cluster(self.urls.clone())
+            .await
+            .unwrap()
+    }
+
+    async fn advance(&self, d: Duration) {
+        tokio::time::sleep(d).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_conformance_suite_passes_on_a_three_master_cluster() {
+    let cluster = Cluster::start();
+    let harness = Arc::new(OnCluster {
+        urls: cluster.urls(),
+    });
+
+    // The cluster is really used: keys spread over all three masters.
+    let store = harness.store().await;
+    let op = Operation::new("spread").unwrap();
+    for i in 0..60 {
+        let k = StorageKey::new(&op, None, &Key::new(format!("k{i}")).unwrap());
+        let req = BeginRequest::new(&k, OwnerToken::random(), Duration::from_secs(30));
+        assert!(matches!(
+            store.begin(&req).await.unwrap(),
+            Begin::Reserved { .. }
+        ));
+    }
+    for n in &cluster.nodes {
+        assert!(dbsize(n.port) > 0, "node {} holds no keys", n.port);
+    }
+
+    idemkit_test::run_all(harness).await;
+    drop(cluster);
+}
