@@ -1,40 +1,59 @@
 -- begin: reserve, or report the completed record, or the live owner, or a mismatch.
+--
+-- A record is idemkit_core::Record's byte format, version 1 (1-based offsets):
+--   1-3 "IDK"  4 version (1)  5 state (1 reserved, 2 completed)  6 flags (1: fingerprint)
+--   7-22 owner token  23-30 fencing  31-38 created ms  39-46 expires ms (0 here: Redis
+--   keeps the expiry as the key's PX, and readers ask PTTL)
+--   [47-62 fingerprint]  completed only: kind(1) length(4) result bytes
+-- A release leaves a tombstone "IDK" 1 3 fencing(8) for one second (see release.lua).
+--
 -- KEYS[1] record key
 -- ARGV[1] owner token (16 bytes)  ARGV[2] lease ms  ARGV[3] fingerprint (16 bytes) or ''
--- Returns {0, fencing}        reserved for the caller
---         {1, record, pttl}   a live record with the same fingerprint (the client decodes it:
---                             reserved -> in flight for pttl ms, completed -> replay)
---         {2}                 a live record with another fingerprint
---         {3, bytes}          bytes that are not a record of ours (the client reports Corrupt)
+-- Returns an integer > 0     reserved for the caller; the integer is its fencing token
+--         0                  a live record with another fingerprint
+--         a string           a live completed record with the same fingerprint (replay), or
+--                            bytes that are not a record of ours (the client reports Corrupt)
+--         {record, pttl}     a live reservation with the same fingerprint (in flight)
+-- Each branch is as short as it can be: Redis runs one script at a time, and at high
+-- concurrency its CPU per call is idemkit's throughput.
 local key = KEYS[1]
 local v = redis.call('GET', key)
 local previous = 0
 if v then
-  if string.sub(v, 1, 4) == MAGIC and string.byte(v, 5) == 3 and #v == 13 then
-    -- A release tombstone: the key is free, but the next token must exceed its token.
-    previous = read_u64(v, 6)
-  elseif string.sub(v, 1, 4) ~= MAGIC or #v < 46 then
-    -- Foreign or damaged bytes: change nothing, let the client report them.
-    return {3, v}
-  else
+  local head = string.sub(v, 1, 5)
+  if head == 'IDK\1\2' or head == 'IDK\1\1' then
     local fingerprint = ''
     if string.byte(v, 6) == 1 then fingerprint = string.sub(v, 47, 62) end
     if fingerprint ~= ARGV[3] then
-      return {2}
+      return 0
     end
-    return {1, v, redis.call('PTTL', key)}
+    if head == 'IDK\1\2' then
+      return v
+    end
+    return {v, redis.call('PTTL', key)}
   end
+  if head ~= 'IDK\1\3' or #v ~= 13 then
+    -- Foreign or damaged bytes: change nothing, hand them to the client to report.
+    return v
+  end
+  -- A release tombstone: the key is free, but the next token must exceed its token.
+  local hi, lo = struct.unpack('>I4I4', string.sub(v, 6, 13))
+  previous = hi * 4294967296 + lo
 end
 -- Absent (never used, released, or expired by PX): reserve. The fencing token is Redis'
--- clock in microseconds, or one past the released token if that is larger: a reservation
+-- clock in microseconds, or one past a released token if that is larger: a reservation
 -- after an expiry comes at least one lease (>= 3 ms) after the expired token was issued.
-local now = now_us()
+-- Integers stay exact in Lua's doubles below 2^53; Unix microseconds are about 2^51.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local fencing = math.max(now, previous + 1)
-local now_ms = math.floor(now / 1000)
-local lease = tonumber(ARGV[2])
+local created = math.floor(now / 1000)
 local flags = '\0'
 if #ARGV[3] == 16 then flags = '\1' end
 redis.call('SET', key,
-  MAGIC .. '\1' .. flags .. ARGV[1] .. u64(fencing) .. u64(now_ms) .. u64(now_ms + lease) .. ARGV[3],
-  'PX', lease)
-return {0, fencing}
+  'IDK\1\1' .. flags .. ARGV[1]
+    .. struct.pack('>I4I4I4I4', math.floor(fencing / 4294967296), fencing % 4294967296,
+                   math.floor(created / 4294967296), created % 4294967296)
+    .. '\0\0\0\0\0\0\0\0' .. ARGV[3],
+  'PX', ARGV[2])
+return fencing

@@ -1,12 +1,13 @@
 -- release: delete the caller's live reservation and wake waiters.
--- KEYS[1] record key  ARGV[1] owner token  ARGV[2] wake-up channel  ARGV[3] publish command
+-- KEYS[1] record key  ARGV[1] owner token (16 bytes)  ARGV[2] wake-up channel
+-- ARGV[3] 'PUBLISH' or 'SPUBLISH'
 -- Returns 1, or 0 when the caller no longer owns a live reservation (nothing changes).
-local v = owned_reservation(KEYS[1], ARGV[1])
-if not v then
+local v = redis.call('GET', KEYS[1])
+if not v or string.sub(v, 1, 5) ~= 'IDK\1\1' or string.sub(v, 7, 22) ~= ARGV[1] then
   return 0
 end
--- Not a plain DEL: a one-second tombstone keeps the fencing token, so a reservation in the
--- same microsecond still gets a larger one.
-redis.call('SET', KEYS[1], MAGIC .. '\3' .. string.sub(v, 23, 30), 'PX', 1000)
+-- Not a plain DEL: a one-second tombstone "IDK" 1 3 fencing keeps the fencing token, so a
+-- reservation within the same microsecond still gets a larger one (begin.lua).
+redis.call('SET', KEYS[1], 'IDK\1\3' .. string.sub(v, 23, 30), 'PX', 1000)
 redis.call(ARGV[3], ARGV[2], '')
 return 1

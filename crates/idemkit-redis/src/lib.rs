@@ -54,12 +54,7 @@ mod scripts {
 
     macro_rules! script {
         ($file:literal) => {
-            LazyLock::new(|| {
-                Script::new(concat!(
-                    include_str!("../lua/prelude.lua"),
-                    include_str!($file)
-                ))
-            })
+            LazyLock::new(|| Script::new(include_str!($file)))
         };
     }
 
@@ -470,7 +465,7 @@ impl Store for RedisStore {
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Begin, StoreError> {
         let rkey = self.redis_key(req.key);
         let fingerprint = req.fingerprint.map(|f| f.to_bytes());
-        let reply: Vec<Value> = scripts::BEGIN
+        let reply: Value = scripts::BEGIN
             .key(&rkey)
             .arg(&req.owner.as_u128().to_be_bytes()[..])
             .arg(ms(req.lease))
@@ -478,31 +473,38 @@ impl Store for RedisStore {
             .invoke_async(&mut self.conn.clone())
             .await
             .map_err(map_err)?;
-        match int(reply.first())? {
-            0 => {
-                let fencing = FencingToken::new(int(reply.get(1))? as u64);
+        match reply {
+            Value::Int(0) => Ok(Begin::Mismatch),
+            Value::Int(fencing) => {
+                let fencing = FencingToken::new(fencing as u64);
                 Ok(Begin::Reserved {
                     lease: Lease::new(req.owner, fencing),
                     took_over: false,
                 })
             }
-            1 => {
-                let record = decode(bytes(reply.get(1))?)?;
-                let pttl = int(reply.get(2))?;
-                Ok(match record.state {
+            // A completed record to replay, or foreign bytes (decode reports them).
+            Value::BulkString(bytes) => {
+                let record = decode(&bytes)?;
+                match record.state {
                     RecordState::Completed(outcome) => {
-                        Begin::Completed(Completed::new(record.fencing, outcome))
+                        Ok(Begin::Completed(Completed::new(record.fencing, outcome)))
                     }
-                    _ => Begin::InFlight {
-                        retry_after: Duration::from_millis(pttl.max(0) as u64),
-                        fencing: record.fencing,
-                    },
+                    _ => Err(StoreError::corrupt("a reservation returned as a result")),
+                }
+            }
+            // A live reservation and its remaining lease.
+            Value::Array(items) => {
+                let record = decode(bytes(items.first())?)?;
+                let pttl = int(items.get(1))?;
+                Ok(Begin::InFlight {
+                    retry_after: Duration::from_millis(pttl.max(0) as u64),
+                    fencing: record.fencing,
                 })
             }
-            2 => Ok(Begin::Mismatch),
-            _ => Err(decode(bytes(reply.get(1))?).err().unwrap_or_else(|| {
-                StoreError::corrupt("record of an unknown layout under the key")
-            })),
+            other => Err(StoreError::new(
+                StoreErrorKind::Other,
+                format!("unexpected reply to begin: {other:?}"),
+            )),
         }
     }
 
@@ -614,13 +616,20 @@ impl Store for RedisStore {
     }
 
     async fn get(&self, key: &StorageKey) -> Result<Option<Record>, StoreError> {
-        let bytes: Option<Vec<u8>> = redis::cmd("GET")
-            .arg(self.redis_key(key))
+        let rkey = self.redis_key(key);
+        // Redis keeps the expiry as the key's PX; read it with Redis' own clock.
+        let mut pipe = Pipeline::new();
+        pipe.cmd("TIME").get(&rkey).pttl(&rkey);
+        let ((secs, micros), bytes, pttl): ((u64, u64), Option<Vec<u8>>, i64) = pipe
             .query_async(&mut self.conn.clone())
             .await
             .map_err(map_err)?;
         match bytes {
-            Some(b) if !is_tombstone(&b) => decode(&b).map(Some),
+            Some(b) if !is_tombstone(&b) => {
+                let mut record = decode(&b)?;
+                record.expires_at_ms = secs * 1000 + micros / 1000 + pttl.max(0) as u64;
+                Ok(Some(record))
+            }
             _ => Ok(None),
         }
     }

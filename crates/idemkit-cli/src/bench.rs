@@ -1,0 +1,330 @@
+//! `idemkit bench`: idemkit on Redis against the physical floor, measured in one run.
+//!
+//! For each concurrency (1 and 64 tasks) it times, on the same server and through the same
+//! client library:
+//!
+//! - the floor: a plain `GET`, and an `EVALSHA` of a script that only returns;
+//! - idemkit's hit path (replaying a completed key) and miss path (fresh key: begin, a
+//!   trivial action, complete);
+//!
+//! and it reads from Redis itself (`INFO commandstats` deltas) how many commands each call
+//! sent and how much Redis CPU each script took. Last, the waiter wake-up latency: an owner
+//! runs a 100 ms action, a second caller arrives 10 ms later in wait mode, and the time from
+//! the owner's action returning to the waiter returning is recorded over 50 trials.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use idemkit_core::{Coordinator, Key, Operation};
+use idemkit_redis::RedisStore;
+use redis::aio::MultiplexedConnection;
+use tokio::time::Instant;
+
+/// One measured row.
+#[derive(Debug, Clone)]
+pub struct Row {
+    /// What was measured.
+    pub case: &'static str,
+    /// Concurrent tasks.
+    pub concurrency: usize,
+    /// Operations per second.
+    pub ops_per_sec: f64,
+    /// Median latency.
+    pub p50: Duration,
+    /// 99th percentile latency.
+    pub p99: Duration,
+    /// Client commands per call, from `INFO commandstats` (`EVALSHA`, `GET`).
+    pub commands_per_call: f64,
+    /// Redis CPU per script call in µs (`usec_per_call` of the commands this case sent).
+    pub redis_usec_per_call: f64,
+}
+
+/// The whole report.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// Tokio worker threads the client ran on.
+    pub workers: usize,
+    /// The throughput and latency rows.
+    pub rows: Vec<Row>,
+    /// Waiter wake-up latencies, sorted.
+    pub wakeups: Vec<Duration>,
+}
+
+/// Runs the benchmark against a Redis URL with `ops` operations per concurrent case.
+///
+/// # Errors
+///
+/// A Redis error (connection refused...), as text.
+pub async fn run(url: &str, ops: usize, workers: usize) -> Result<Report, String> {
+    let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+    let raw = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| e.to_string())?;
+    let store = RedisStore::builder()
+        .prefix(format!("idemkit-bench:{:x}", fastrand::u64(..)))
+        .connect(url)
+        .await
+        .map_err(|e| e.to_string())?;
+    let coordinator = Coordinator::new(store);
+    let op = Operation::new("bench").expect("valid");
+    let noop = redis::Script::new("return 1");
+    let _: i64 = noop
+        .invoke_async(&mut raw.clone())
+        .await
+        .map_err(|e| e.to_string())?;
+    let hit_key = Key::new("hit").expect("valid");
+    coordinator
+        .call(&op, &hit_key)
+        .run(|_| action())
+        .await
+        .map_err(|e| e.to_string())?;
+    let _: Option<String> = redis::cmd("GET")
+        .arg("idemkit-bench:floor")
+        .query_async(&mut raw.clone())
+        .await
+        .map_err(|e| e.to_string())?;
+    // Warm the miss path's scripts.
+    coordinator
+        .call(&op, &Key::new("warm").expect("valid"))
+        .run(|_| action())
+        .await
+        .map_err(|e| e.to_string())?;
+
+    let mut rows = Vec::new();
+    let next = Arc::new(AtomicU64::new(0));
+    for concurrency in [1, 64] {
+        let n = if concurrency == 1 { ops / 10 } else { ops };
+        let conn = raw.clone();
+        rows.push(
+            measure(&raw, "floor: GET", concurrency, n, move |_| {
+                let mut c = conn.clone();
+                async move {
+                    let _: Option<String> = redis::cmd("GET")
+                        .arg("idemkit-bench:floor")
+                        .query_async(&mut c)
+                        .await
+                        .expect("GET");
+                }
+            })
+            .await?,
+        );
+        let (conn, script) = (raw.clone(), Arc::new(noop.clone()));
+        rows.push(
+            measure(&raw, "floor: EVALSHA return 1", concurrency, n, move |_| {
+                let (mut c, script) = (conn.clone(), script.clone());
+                async move {
+                    let _: i64 = script.invoke_async(&mut c).await.expect("EVALSHA");
+                }
+            })
+            .await?,
+        );
+        let (c, o, k) = (coordinator.clone(), op.clone(), hit_key.clone());
+        rows.push(
+            measure(&raw, "idemkit hit", concurrency, n, move |_| {
+                let (c, o, k) = (c.clone(), o.clone(), k.clone());
+                async move {
+                    c.call(&o, &k).run(|_| action()).await.expect("hit");
+                }
+            })
+            .await?,
+        );
+        let (c, o, next) = (coordinator.clone(), op.clone(), next.clone());
+        rows.push(
+            measure(&raw, "idemkit miss", concurrency, n, move |_| {
+                let (c, o) = (c.clone(), o.clone());
+                let k = Key::new(format!("miss-{}", next.fetch_add(1, Ordering::Relaxed)))
+                    .expect("valid");
+                async move {
+                    c.call(&o, &k)
+                        .ttl(Duration::from_secs(60))
+                        .run(|_| action())
+                        .await
+                        .expect("miss");
+                }
+            })
+            .await?,
+        );
+    }
+    let wakeups = wakeups(&coordinator, &op, 50).await?;
+    Ok(Report {
+        workers,
+        rows,
+        wakeups,
+    })
+}
+
+async fn action() -> Result<u32, Infallible> {
+    Ok(1)
+}
+
+type Stats = HashMap<String, (u64, u64)>;
+
+/// `cmdstat_<name>:calls=..,usec=..` → name → (calls, usec).
+async fn commandstats(conn: &MultiplexedConnection) -> Result<Stats, String> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn.clone())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut out = HashMap::new();
+    for line in info.lines() {
+        let Some(rest) = line.strip_prefix("cmdstat_") else {
+            continue;
+        };
+        let Some((name, fields)) = rest.split_once(':') else {
+            continue;
+        };
+        let field = |f: &str| {
+            fields
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(f).and_then(|v| v.parse::<u64>().ok()))
+                .unwrap_or(0)
+        };
+        out.insert(name.to_string(), (field("calls="), field("usec=")));
+    }
+    Ok(out)
+}
+
+async fn measure<F, Fut>(
+    conn: &MultiplexedConnection,
+    case: &'static str,
+    concurrency: usize,
+    ops: usize,
+    call: F,
+) -> Result<Row, String>
+where
+    F: Fn(usize) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    let before = commandstats(conn).await?;
+    let per_task = ops.div_ceil(concurrency);
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let call = call.clone();
+            tokio::spawn(async move {
+                let mut lat = Vec::with_capacity(per_task);
+                for i in 0..per_task {
+                    let t = Instant::now();
+                    call(i).await;
+                    lat.push(t.elapsed());
+                }
+                lat
+            })
+        })
+        .collect();
+    let mut lat = Vec::with_capacity(per_task * concurrency);
+    for t in tasks {
+        lat.extend(t.await.map_err(|e| e.to_string())?);
+    }
+    let elapsed = started.elapsed();
+    let after = commandstats(conn).await?;
+    lat.sort();
+    let calls = lat.len() as f64;
+    // Top-level commands this case sends (commands run inside scripts are counted by Redis
+    // under their own names, so only EVALSHA and the floor's GET are client commands here).
+    let delta = |name: &str| {
+        let (c1, u1) = after.get(name).copied().unwrap_or_default();
+        let (c0, u0) = before.get(name).copied().unwrap_or_default();
+        (c1 - c0, u1 - u0)
+    };
+    let (evalsha, evalsha_usec) = delta("evalsha");
+    let (get, get_usec) = delta("get");
+    let (commands, usec) = if case == "floor: GET" {
+        (get, get_usec)
+    } else {
+        (evalsha, evalsha_usec)
+    };
+    Ok(Row {
+        case,
+        concurrency,
+        ops_per_sec: calls / elapsed.as_secs_f64(),
+        p50: lat[lat.len() / 2],
+        p99: lat[lat.len() * 99 / 100],
+        commands_per_call: commands as f64 / calls,
+        redis_usec_per_call: if commands == 0 {
+            0.0
+        } else {
+            usec as f64 / commands as f64
+        },
+    })
+}
+
+async fn wakeups(
+    c: &Coordinator<RedisStore>,
+    op: &Operation,
+    trials: usize,
+) -> Result<Vec<Duration>, String> {
+    let mut out = Vec::with_capacity(trials);
+    for trial in 0..trials {
+        let key = Key::new(format!("wake-{trial}")).expect("valid");
+        let returned = Arc::new(std::sync::Mutex::new(None));
+        let owner = {
+            let (c, op, key, returned) = (c.clone(), op.clone(), key.clone(), returned.clone());
+            tokio::spawn(async move {
+                c.call(&op, &key)
+                    .run(|_| async move {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        *returned.lock().expect("lock") = Some(Instant::now());
+                        Ok::<_, Infallible>(1u32)
+                    })
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let waited = c
+            .call(op, &key)
+            .run(|_| action())
+            .await
+            .map_err(|e| e.to_string())?;
+        let done = Instant::now();
+        owner
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        if !waited.is_replay() {
+            return Err("the waiter did not get the owner's result".into());
+        }
+        let t0 = returned.lock().expect("lock").ok_or("owner did not run")?;
+        out.push(done.saturating_duration_since(t0));
+    }
+    out.sort();
+    Ok(out)
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "client runtime: {} tokio worker thread(s)", self.workers)?;
+        writeln!(
+            f,
+            "{:<26}{:>5}{:>12}{:>10}{:>10}{:>10}{:>12}",
+            "case", "conc", "ops/s", "p50 µs", "p99 µs", "cmd/call", "redis µs"
+        )?;
+        for r in &self.rows {
+            writeln!(
+                f,
+                "{:<26}{:>5}{:>12.0}{:>10.1}{:>10.1}{:>10.2}{:>12.2}",
+                r.case,
+                r.concurrency,
+                r.ops_per_sec,
+                r.p50.as_secs_f64() * 1e6,
+                r.p99.as_secs_f64() * 1e6,
+                r.commands_per_call,
+                r.redis_usec_per_call
+            )?;
+        }
+        let pct =
+            |p: usize| self.wakeups[(self.wakeups.len() * p / 100).min(self.wakeups.len() - 1)];
+        writeln!(
+            f,
+            "waiter wake-up (owner's action returns -> waiter returns), {} trials: p50 {:.0} µs, p95 {:.0} µs",
+            self.wakeups.len(),
+            pct(50).as_secs_f64() * 1e6,
+            pct(95).as_secs_f64() * 1e6
+        )
+    }
+}
