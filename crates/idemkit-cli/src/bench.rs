@@ -36,9 +36,11 @@ pub struct Row {
     pub p50: Duration,
     /// 99th percentile latency.
     pub p99: Duration,
-    /// Client commands per call, from `INFO commandstats` (`EVALSHA`, `GET`).
+    /// Client commands per call: counted by `MONITOR` on a sequential sample (commands run
+    /// inside scripts are not client commands and are not counted).
     pub commands_per_call: f64,
-    /// Redis CPU per script call in µs (`usec_per_call` of the commands this case sent).
+    /// Redis CPU per call in µs, from `INFO commandstats` deltas: the scripts' time (which
+    /// includes the commands they run) or, for a case without scripts, all its commands.
     pub redis_usec_per_call: f64,
 }
 
@@ -53,17 +55,119 @@ pub struct Report {
     pub wakeups: Vec<Duration>,
 }
 
-/// Runs the benchmark against a Redis URL with `ops` operations per concurrent case.
+/// A connection for measuring: raw commands, `INFO`, `MONITOR`.
+#[derive(Debug, Clone)]
+pub struct Bench {
+    client: redis::Client,
+    raw: MultiplexedConnection,
+}
+
+impl Bench {
+    /// Connects to the server under test.
+    ///
+    /// # Errors
+    ///
+    /// The server cannot be reached.
+    pub async fn connect(url: &str) -> Result<Self, String> {
+        let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+        let raw = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(Bench { client, raw })
+    }
+
+    /// A plain connection through the same client library (for the floor).
+    pub fn raw(&self) -> MultiplexedConnection {
+        self.raw.clone()
+    }
+
+    /// Times `ops` calls spread over `concurrency` tasks, and counts the client commands
+    /// one call sends on a sequential sample of 20 calls.
+    ///
+    /// # Errors
+    ///
+    /// A Redis error from `INFO` or `MONITOR`.
+    pub async fn measure<F, Fut>(
+        &self,
+        case: &'static str,
+        concurrency: usize,
+        ops: usize,
+        call: F,
+    ) -> Result<Row, String>
+    where
+        F: Fn(usize) -> Fut + Clone + Send + 'static,
+        Fut: Future<Output = ()> + Send,
+    {
+        let commands_per_call = self.count_commands(20, call.clone()).await?;
+        let mut row = measure(&self.raw, case, concurrency, ops, call).await?;
+        row.commands_per_call = commands_per_call;
+        Ok(row)
+    }
+
+    /// Client commands per call, read from `MONITOR` (lines of commands run by scripts are
+    /// marked `lua` there and skipped).
+    async fn count_commands<F, Fut>(&self, calls: usize, call: F) -> Result<f64, String>
+    where
+        F: Fn(usize) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        use futures_util::StreamExt as _;
+        let monitor = self
+            .client
+            .get_async_monitor()
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut lines = monitor.into_on_message::<String>();
+        let start = format!("idemkit-bench-start-{:x}", fastrand::u64(..));
+        let end = format!("idemkit-bench-end-{:x}", fastrand::u64(..));
+        let (started_tx, mut started) = tokio::sync::watch::channel(false);
+        let reader = {
+            let (start, end) = (start.clone(), end.clone());
+            tokio::spawn(async move {
+                let mut commands = 0usize;
+                while let Some(line) = lines.next().await {
+                    if line.contains(&start) {
+                        let _ = started_tx.send(true);
+                    } else if line.contains(&end) {
+                        break;
+                    } else if *started_tx.borrow() && !line.contains(" lua]") {
+                        commands += 1;
+                    }
+                }
+                commands
+            })
+        };
+        // MONITOR may not be active yet: repeat the start marker until the reader sees it.
+        while !*started.borrow() {
+            let _: String = redis::cmd("ECHO")
+                .arg(&start)
+                .query_async(&mut self.raw.clone())
+                .await
+                .map_err(|e| e.to_string())?;
+            let _ = tokio::time::timeout(Duration::from_millis(5), started.changed()).await;
+        }
+        for i in 0..calls {
+            call(i).await;
+        }
+        let _: String = redis::cmd("ECHO")
+            .arg(&end)
+            .query_async(&mut self.raw.clone())
+            .await
+            .map_err(|e| e.to_string())?;
+        let commands = reader.await.map_err(|e| e.to_string())?;
+        Ok(commands as f64 / calls as f64)
+    }
+}
+
+/// Runs the benchmark against a Redis URL with `ops` operations per concurrent case:
+/// the floor, idemkit's hit and miss paths, and waiter wake-ups.
 ///
 /// # Errors
 ///
 /// A Redis error (connection refused...), as text.
 pub async fn run(url: &str, ops: usize, workers: usize) -> Result<Report, String> {
-    let client = redis::Client::open(url).map_err(|e| e.to_string())?;
-    let raw = client
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(|e| e.to_string())?;
+    let bench = Bench::connect(url).await?;
     let store = RedisStore::builder()
         .prefix(format!("idemkit-bench:{:x}", fastrand::u64(..)))
         .connect(url)
@@ -72,25 +176,21 @@ pub async fn run(url: &str, ops: usize, workers: usize) -> Result<Report, String
     let coordinator = Coordinator::new(store);
     let op = Operation::new("bench").expect("valid");
     let noop = redis::Script::new("return 1");
-    let _: i64 = noop
-        .invoke_async(&mut raw.clone())
-        .await
-        .map_err(|e| e.to_string())?;
     let hit_key = Key::new("hit").expect("valid");
     coordinator
         .call(&op, &hit_key)
         .run(|_| action())
         .await
         .map_err(|e| e.to_string())?;
-    let _: Option<String> = redis::cmd("GET")
-        .arg("idemkit-bench:floor")
-        .query_async(&mut raw.clone())
+    // Load the miss path's scripts.
+    let warm = Key::new("warm").expect("valid");
+    coordinator
+        .call(&op, &warm)
+        .run(|_| action())
         .await
         .map_err(|e| e.to_string())?;
-    // Warm the miss path's scripts.
-    coordinator
-        .call(&op, &Key::new("warm").expect("valid"))
-        .run(|_| action())
+    let _: i64 = noop
+        .invoke_async(&mut bench.raw())
         .await
         .map_err(|e| e.to_string())?;
 
@@ -98,55 +198,59 @@ pub async fn run(url: &str, ops: usize, workers: usize) -> Result<Report, String
     let next = Arc::new(AtomicU64::new(0));
     for concurrency in [1, 64] {
         let n = if concurrency == 1 { ops / 10 } else { ops };
-        let conn = raw.clone();
+        let conn = bench.raw();
         rows.push(
-            measure(&raw, "floor: GET", concurrency, n, move |_| {
-                let mut c = conn.clone();
-                async move {
-                    let _: Option<String> = redis::cmd("GET")
-                        .arg("idemkit-bench:floor")
-                        .query_async(&mut c)
-                        .await
-                        .expect("GET");
-                }
-            })
-            .await?,
+            bench
+                .measure("floor: GET", concurrency, n, move |_| {
+                    let mut c = conn.clone();
+                    async move {
+                        let _: Option<String> = redis::cmd("GET")
+                            .arg("idemkit-bench:floor")
+                            .query_async(&mut c)
+                            .await
+                            .expect("GET");
+                    }
+                })
+                .await?,
         );
-        let (conn, script) = (raw.clone(), Arc::new(noop.clone()));
+        let (conn, script) = (bench.raw(), Arc::new(noop.clone()));
         rows.push(
-            measure(&raw, "floor: EVALSHA return 1", concurrency, n, move |_| {
-                let (mut c, script) = (conn.clone(), script.clone());
-                async move {
-                    let _: i64 = script.invoke_async(&mut c).await.expect("EVALSHA");
-                }
-            })
-            .await?,
+            bench
+                .measure("floor: EVALSHA return 1", concurrency, n, move |_| {
+                    let (mut c, script) = (conn.clone(), script.clone());
+                    async move {
+                        let _: i64 = script.invoke_async(&mut c).await.expect("EVALSHA");
+                    }
+                })
+                .await?,
         );
         let (c, o, k) = (coordinator.clone(), op.clone(), hit_key.clone());
         rows.push(
-            measure(&raw, "idemkit hit", concurrency, n, move |_| {
-                let (c, o, k) = (c.clone(), o.clone(), k.clone());
-                async move {
-                    c.call(&o, &k).run(|_| action()).await.expect("hit");
-                }
-            })
-            .await?,
+            bench
+                .measure("idemkit hit", concurrency, n, move |_| {
+                    let (c, o, k) = (c.clone(), o.clone(), k.clone());
+                    async move {
+                        c.call(&o, &k).run(|_| action()).await.expect("hit");
+                    }
+                })
+                .await?,
         );
         let (c, o, next) = (coordinator.clone(), op.clone(), next.clone());
         rows.push(
-            measure(&raw, "idemkit miss", concurrency, n, move |_| {
-                let (c, o) = (c.clone(), o.clone());
-                let k = Key::new(format!("miss-{}", next.fetch_add(1, Ordering::Relaxed)))
-                    .expect("valid");
-                async move {
-                    c.call(&o, &k)
-                        .ttl(Duration::from_secs(60))
-                        .run(|_| action())
-                        .await
-                        .expect("miss");
-                }
-            })
-            .await?,
+            bench
+                .measure("idemkit miss", concurrency, n, move |_| {
+                    let (c, o) = (c.clone(), o.clone());
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let k = Key::new(format!("miss-{i}")).expect("valid");
+                    async move {
+                        c.call(&o, &k)
+                            .ttl(Duration::from_secs(60))
+                            .run(|_| action())
+                            .await
+                            .expect("miss");
+                    }
+                })
+                .await?,
         );
     }
     let wakeups = wakeups(&coordinator, &op, 50).await?;
@@ -233,11 +337,16 @@ where
         (c1 - c0, u1 - u0)
     };
     let (evalsha, evalsha_usec) = delta("evalsha");
-    let (get, get_usec) = delta("get");
-    let (commands, usec) = if case == "floor: GET" {
-        (get, get_usec)
+    let (eval, eval_usec) = delta("eval");
+    let usec = if evalsha + eval > 0 {
+        // A script's time includes the commands it runs; count only the scripts.
+        evalsha_usec + eval_usec
     } else {
-        (evalsha, evalsha_usec)
+        after
+            .keys()
+            .filter(|k| *k != "info")
+            .map(|k| delta(k).1)
+            .sum()
     };
     Ok(Row {
         case,
@@ -245,12 +354,8 @@ where
         ops_per_sec: calls / elapsed.as_secs_f64(),
         p50: lat[lat.len() / 2],
         p99: lat[lat.len() * 99 / 100],
-        commands_per_call: commands as f64 / calls,
-        redis_usec_per_call: if commands == 0 {
-            0.0
-        } else {
-            usec as f64 / commands as f64
-        },
+        commands_per_call: 0.0,
+        redis_usec_per_call: usec as f64 / calls,
     })
 }
 

@@ -386,6 +386,31 @@ impl Record {
     /// assert_eq!(Record::decode(b"IDK\x07"), Err(RecordError::TooShort(4)));
     /// ```
     pub fn decode(b: &[u8]) -> Result<Record, RecordError> {
+        Self::decode_with(b, Bytes::copy_from_slice)
+    }
+
+    /// Like [`decode`](Record::decode), but the outcome shares `bytes` instead of copying
+    /// it: for a store that already owns the reply buffer.
+    ///
+    /// # Errors
+    ///
+    /// [`RecordError`] for foreign or damaged bytes.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use idemkit_core::{FencingToken, OutcomeKind, OwnerToken, Record, RecordState, StoredOutcome};
+    /// let r = Record { state: RecordState::Completed(StoredOutcome::new(OutcomeKind::Value, "1")),
+    ///     owner: OwnerToken::from_u128(1), fencing: FencingToken::new(1), fingerprint: None,
+    ///     created_at_ms: 0, expires_at_ms: 0 };
+    /// assert_eq!(Record::decode_shared(r.encode().into())?, r);
+    /// # Ok::<(), idemkit_core::RecordError>(())
+    /// ```
+    pub fn decode_shared(bytes: Bytes) -> Result<Record, RecordError> {
+        Self::decode_with(&bytes, |part| bytes.slice_ref(part))
+    }
+
+    fn decode_with(b: &[u8], share: impl FnOnce(&[u8]) -> Bytes) -> Result<Record, RecordError> {
         if b.len() >= 3 && &b[..3] != MAGIC {
             return Err(RecordError::BadMagic);
         }
@@ -424,7 +449,7 @@ impl Record {
                 let len = u32::from_be_bytes(len.try_into().expect("4 bytes")) as usize;
                 let (bytes, r) = r.split_at_checked(len).ok_or(RecordError::LengthMismatch)?;
                 rest = r;
-                RecordState::Completed(StoredOutcome::new(kind, Bytes::copy_from_slice(bytes)))
+                RecordState::Completed(StoredOutcome::new(kind, share(bytes)))
             }
             _ => return Err(RecordError::InvalidField("state")),
         };
@@ -480,7 +505,8 @@ mod tests {
     proptest! {
         #[test]
         fn roundtrip(r in record()) {
-            prop_assert_eq!(Record::decode(&r.encode()), Ok(r));
+            prop_assert_eq!(Record::decode(&r.encode()), Ok(r.clone()));
+            prop_assert_eq!(Record::decode_shared(r.encode().into()), Ok(r));
         }
 
         #[test]

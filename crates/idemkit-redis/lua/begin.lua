@@ -1,7 +1,9 @@
 -- begin: reserve, or report the completed record, or the live owner, or a mismatch.
 --
 -- A record is idemkit_core::Record's byte format, version 1 (1-based offsets):
---   1-3 "IDK"  4 version (1)  5 state (1 reserved, 2 completed)  6 flags (1: fingerprint)
+--   1-3 "IDK"  4 version (1)  5 state (1 reserved, 2 completed)
+--   6 flags: 1 fingerprint present; 2 (Redis only, reservations only) a waiter is subscribed,
+--     so complete and release publish (watch.lua sets it; clients clear it before decoding)
 --   7-22 owner token  23-30 fencing  31-38 created ms  39-46 expires ms (0 here: Redis
 --   keeps the expiry as the key's PX, and readers ask PTTL)
 --   [47-62 fingerprint]  completed only: kind(1) length(4) result bytes
@@ -23,7 +25,7 @@ if v then
   local head = string.sub(v, 1, 5)
   if head == 'IDK\1\2' or head == 'IDK\1\1' then
     local fingerprint = ''
-    if string.byte(v, 6) == 1 then fingerprint = string.sub(v, 47, 62) end
+    if string.byte(v, 6) % 2 == 1 then fingerprint = string.sub(v, 47, 62) end
     if fingerprint ~= ARGV[3] then
       return 0
     end

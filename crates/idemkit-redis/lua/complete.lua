@@ -18,10 +18,16 @@ end
 if head ~= 'IDK\1\1' then
   return 0
 end
--- State 2; flags, owner, fencing, created, expiry (0) and fingerprint kept from the
--- reservation; then the outcome.
+-- State 2; owner, fencing, created, expiry (0) and fingerprint kept from the reservation,
+-- the "watched" flag dropped; then the outcome.
+local flags = string.byte(v, 6)
 redis.call('SET', key,
-  'IDK\1\2' .. string.sub(v, 6) .. ARGV[2] .. struct.pack('>I4', #ARGV[4]) .. ARGV[4],
+  'IDK\1\2' .. string.char(flags % 2) .. string.sub(v, 7) .. ARGV[2]
+    .. struct.pack('>I4', #ARGV[4]) .. ARGV[4],
   'PX', ARGV[3])
-redis.call(ARGV[6], ARGV[5], '')
+-- Publish only when a waiter asked to be woken: most completions have nobody waiting, and
+-- a publication is a sizeable part of this script's cost.
+if flags >= 2 then
+  redis.call(ARGV[6], ARGV[5], '')
+end
 return 1

@@ -9,5 +9,7 @@ end
 -- Not a plain DEL: a one-second tombstone "IDK" 1 3 fencing keeps the fencing token, so a
 -- reservation within the same microsecond still gets a larger one (begin.lua).
 redis.call('SET', KEYS[1], 'IDK\1\3' .. string.sub(v, 23, 30), 'PX', 1000)
-redis.call(ARGV[3], ARGV[2], '')
+if string.byte(v, 6) >= 2 then
+  redis.call(ARGV[3], ARGV[2], '')
+end
 return 1

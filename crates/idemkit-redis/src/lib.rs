@@ -62,6 +62,7 @@ mod scripts {
     pub(crate) static RENEW: LazyLock<Script> = script!("../lua/renew.lua");
     pub(crate) static COMPLETE: LazyLock<Script> = script!("../lua/complete.lua");
     pub(crate) static RELEASE: LazyLock<Script> = script!("../lua/release.lua");
+    pub(crate) static WATCH: LazyLock<Script> = script!("../lua/watch.lua");
 }
 
 /// A store on Redis. Cheap to clone: clones share the connection and the waiter registry.
@@ -384,11 +385,57 @@ impl RedisStore {
         }
     }
 
-    /// The live record's bytes and remaining lease/TTL in ms, one round trip.
-    async fn get_with_pttl(&self, rkey: &str) -> Result<(Option<Vec<u8>>, i64), RedisError> {
-        let mut pipe = Pipeline::new();
-        pipe.get(rkey).pttl(rkey);
-        pipe.query_async(&mut self.conn.clone()).await
+    /// `EVALSHA` of `script` on `rkey` with `args`: one round trip. After a server restart
+    /// (`NOSCRIPT`) the script is loaded and the call sent again. Built as one command
+    /// rather than through `Script::invoke_async`, which copies every argument twice.
+    async fn eval<T: redis::FromRedisValue>(
+        &self,
+        script: &Script,
+        rkey: &str,
+        args: impl FnOnce(&mut Cmd),
+    ) -> Result<T, StoreError> {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(1).arg(rkey);
+        args(&mut cmd);
+        let mut conn = self.conn.clone();
+        match cmd.query_async(&mut conn).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                tracing::debug!("script not in the server's cache (restarted?): loading it");
+                // Cluster: the load is routed by the key, to the node that will run it.
+                redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(script_source(script))
+                    .query_async::<String>(&mut conn)
+                    .await
+                    .map_err(map_err)?;
+                cmd.query_async(&mut conn).await.map_err(map_err)
+            }
+            other => other.map_err(map_err),
+        }
+    }
+}
+
+/// The source of one of our scripts, by identity.
+fn script_source(script: &Script) -> &'static str {
+    let sources: [(&Script, &'static str); 5] = [
+        (&scripts::BEGIN, include_str!("../lua/begin.lua")),
+        (&scripts::RENEW, include_str!("../lua/renew.lua")),
+        (&scripts::COMPLETE, include_str!("../lua/complete.lua")),
+        (&scripts::RELEASE, include_str!("../lua/release.lua")),
+        (&scripts::WATCH, include_str!("../lua/watch.lua")),
+    ];
+    sources
+        .iter()
+        .find(|(s, _)| std::ptr::eq(*s, script))
+        .map(|(_, src)| *src)
+        .expect("one of our scripts")
+}
+
+/// Clears the Redis-only "watched" flag of a reservation (see `lua/begin.lua`) so that the
+/// bytes are exactly idemkit's record format.
+fn clear_watched(bytes: &mut [u8]) {
+    if bytes.len() > 5 && bytes.starts_with(b"IDK\x01\x01") {
+        bytes[5] &= 1;
     }
 }
 
@@ -435,28 +482,19 @@ fn map_err(e: RedisError) -> StoreError {
 fn int(v: Option<&Value>) -> Result<i64, StoreError> {
     match v {
         Some(Value::Int(i)) => Ok(*i),
-        other => Err(StoreError::new(
-            StoreErrorKind::Other,
-            format!("unexpected reply {other:?}"),
-        )),
+        other => Err(unexpected(other)),
     }
 }
 
-fn bytes(v: Option<&Value>) -> Result<&[u8], StoreError> {
-    match v {
-        Some(Value::BulkString(b)) => Ok(b.as_slice()),
-        other => Err(StoreError::new(
-            StoreErrorKind::Other,
-            format!("unexpected reply {other:?}"),
-        )),
-    }
+fn unexpected(v: Option<&Value>) -> StoreError {
+    StoreError::new(StoreErrorKind::Other, format!("unexpected reply {v:?}"))
 }
 
 fn decode(bytes: &[u8]) -> Result<Record, StoreError> {
     Record::decode(bytes).map_err(StoreError::corrupt)
 }
 
-/// A release tombstone (see `lua/prelude.lua`): the key is free.
+/// A release tombstone (see `lua/release.lua`): the key is free.
 fn is_tombstone(bytes: &[u8]) -> bool {
     bytes.len() == 13 && bytes.starts_with(b"IDK\x01\x03")
 }
@@ -465,14 +503,13 @@ impl Store for RedisStore {
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Begin, StoreError> {
         let rkey = self.redis_key(req.key);
         let fingerprint = req.fingerprint.map(|f| f.to_bytes());
-        let reply: Value = scripts::BEGIN
-            .key(&rkey)
-            .arg(&req.owner.as_u128().to_be_bytes()[..])
-            .arg(ms(req.lease))
-            .arg(fingerprint.as_ref().map_or(&[][..], |f| &f[..]))
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(map_err)?;
+        let reply: Value = self
+            .eval(&scripts::BEGIN, &rkey, |cmd| {
+                cmd.arg(&req.owner.as_u128().to_be_bytes()[..])
+                    .arg(ms(req.lease))
+                    .arg(fingerprint.as_ref().map_or(&[][..], |f| &f[..]));
+            })
+            .await?;
         match reply {
             Value::Int(0) => Ok(Begin::Mismatch),
             Value::Int(fencing) => {
@@ -482,9 +519,10 @@ impl Store for RedisStore {
                     took_over: false,
                 })
             }
-            // A completed record to replay, or foreign bytes (decode reports them).
+            // A completed record to replay (its result shares the reply's buffer), or
+            // foreign bytes (decoding reports them).
             Value::BulkString(bytes) => {
-                let record = decode(&bytes)?;
+                let record = Record::decode_shared(bytes.into()).map_err(StoreError::corrupt)?;
                 match record.state {
                     RecordState::Completed(outcome) => {
                         Ok(Begin::Completed(Completed::new(record.fencing, outcome)))
@@ -493,18 +531,21 @@ impl Store for RedisStore {
                 }
             }
             // A live reservation and its remaining lease.
-            Value::Array(items) => {
-                let record = decode(bytes(items.first())?)?;
+            Value::Array(mut items) => {
                 let pttl = int(items.get(1))?;
+                let record = match items.first_mut() {
+                    Some(Value::BulkString(b)) => {
+                        clear_watched(b);
+                        decode(b)?
+                    }
+                    other => return Err(unexpected(other.as_deref())),
+                };
                 Ok(Begin::InFlight {
                     retry_after: Duration::from_millis(pttl.max(0) as u64),
                     fencing: record.fencing,
                 })
             }
-            other => Err(StoreError::new(
-                StoreErrorKind::Other,
-                format!("unexpected reply to begin: {other:?}"),
-            )),
+            other => Err(unexpected(Some(&other))),
         }
     }
 
@@ -514,13 +555,13 @@ impl Store for RedisStore {
         lease: &Lease,
         ttl: Duration,
     ) -> Result<(), StoreError> {
-        let renewed: i64 = scripts::RENEW
-            .key(self.redis_key(key))
-            .arg(&lease.owner.as_u128().to_be_bytes()[..])
-            .arg(ms(ttl))
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(map_err)?;
+        let rkey = self.redis_key(key);
+        let renewed: i64 = self
+            .eval(&scripts::RENEW, &rkey, |cmd| {
+                cmd.arg(&lease.owner.as_u128().to_be_bytes()[..])
+                    .arg(ms(ttl));
+            })
+            .await?;
         if renewed == 1 {
             Ok(())
         } else {
@@ -535,17 +576,17 @@ impl Store for RedisStore {
         completion: &Completion,
     ) -> Result<(), StoreError> {
         let rkey = self.redis_key(key);
-        let done: i64 = scripts::COMPLETE
-            .key(&rkey)
-            .arg(&lease.owner.as_u128().to_be_bytes()[..])
-            .arg(&[completion.kind.to_byte()][..])
-            .arg(ms(completion.ttl))
-            .arg(&completion.bytes[..])
-            .arg(self.channel(&rkey))
-            .arg(self.publish_command())
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(map_err)?;
+        let channel = self.channel(&rkey);
+        let done: i64 = self
+            .eval(&scripts::COMPLETE, &rkey, |cmd| {
+                cmd.arg(&lease.owner.as_u128().to_be_bytes()[..])
+                    .arg(&[completion.kind.to_byte()][..])
+                    .arg(ms(completion.ttl))
+                    .arg(&completion.bytes[..])
+                    .arg(channel)
+                    .arg(self.publish_command());
+            })
+            .await?;
         if done == 1 {
             Ok(())
         } else {
@@ -555,14 +596,14 @@ impl Store for RedisStore {
 
     async fn release(&self, key: &StorageKey, lease: &Lease) -> Result<(), StoreError> {
         let rkey = self.redis_key(key);
-        let done: i64 = scripts::RELEASE
-            .key(&rkey)
-            .arg(&lease.owner.as_u128().to_be_bytes()[..])
-            .arg(self.channel(&rkey))
-            .arg(self.publish_command())
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(map_err)?;
+        let channel = self.channel(&rkey);
+        let done: i64 = self
+            .eval(&scripts::RELEASE, &rkey, |cmd| {
+                cmd.arg(&lease.owner.as_u128().to_be_bytes()[..])
+                    .arg(channel)
+                    .arg(self.publish_command());
+            })
+            .await?;
         if done == 1 {
             Ok(())
         } else {
@@ -579,23 +620,21 @@ impl Store for RedisStore {
         let rkey = self.redis_key(key);
         let channel = self.channel(&rkey);
         let (notify, first) = self.shared.waiters.join(channel.as_bytes());
-        // Created before subscribing and re-checking: a message from then on is not lost.
+        // Created before subscribing: a message from then on is not lost.
         let notified = notify.notified();
         let result = async {
             if first {
                 self.subscribe(&channel).await.map_err(map_err)?;
             }
-            // The owner may have finished between the caller's `begin` and the subscription.
-            let (bytes, pttl) = self.get_with_pttl(&rkey).await.map_err(map_err)?;
-            let live = match bytes.as_deref() {
-                Some(b) if !is_tombstone(b) => {
-                    let r = decode(b)?;
-                    matches!(r.state, RecordState::Reserved) && r.fencing == seen
-                }
-                _ => false,
-            };
-            if live && pttl > 0 {
-                // Never past the lease: an owner that died sends nothing.
+            // Subscribed; now check the reservation is still the live state and ask for a
+            // wake-up (the owner may have finished between the caller's `begin` and here).
+            let pttl: i64 = self
+                .eval(&scripts::WATCH, &rkey, |cmd| {
+                    cmd.arg(&seen.get().to_be_bytes()[..]);
+                })
+                .await?;
+            if pttl > 0 {
+                // Never past the lease: an owner that died publishes nothing.
                 let until = timeout.min(Duration::from_millis(pttl as u64));
                 let _ = tokio::time::timeout(until, notified).await;
             }
@@ -625,7 +664,8 @@ impl Store for RedisStore {
             .await
             .map_err(map_err)?;
         match bytes {
-            Some(b) if !is_tombstone(&b) => {
+            Some(mut b) if !is_tombstone(&b) => {
+                clear_watched(&mut b);
                 let mut record = decode(&b)?;
                 record.expires_at_ms = secs * 1000 + micros / 1000 + pttl.max(0) as u64;
                 Ok(Some(record))

@@ -1,0 +1,183 @@
+//! `idemkit-bench`: idemkit on Redis against the raw round-trip floor and against the Rust
+//! crates a user could pick instead, measured in one run on one server with one client
+//! runtime.
+//!
+//! Run with: `cargo run --release -p idemkit-bench -- --workers 1` (and `--workers 2`)
+//!
+//! Peers, each driven through its own public API:
+//! - idempotency-kit 1.0.1 (`IdempotencyExecutor::execute` on its `RedisStore`: plain
+//!   commands, no owner check on completion or release);
+//! - idempotent 0.3.0 (`ValkeyStore::try_insert` then `complete`: Lua, fenced completion).
+
+use std::convert::Infallible;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use clap::Parser;
+use idemkit_cli::bench::{self, Bench, Row};
+
+#[derive(Debug, Parser)]
+struct Args {
+    /// The Redis server.
+    #[arg(long, default_value = "redis://127.0.0.1:6379")]
+    store: String,
+    /// Operations per case at concurrency 64 (a tenth at concurrency 1).
+    #[arg(long, default_value_t = 100_000)]
+    ops: usize,
+    /// Tokio worker threads for the client (1: a current-thread runtime).
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+}
+
+const TTL: Duration = Duration::from_secs(60);
+
+async fn peers(url: &str, ops: usize) -> Result<Vec<Row>, String> {
+    let bench = Bench::connect(url).await?;
+    let run = format!("{:x}", fastrand::u64(..));
+    let mut rows = Vec::new();
+
+    // idempotency-kit 1.0.1
+    let client = redis027::Client::open(url).map_err(|e| e.to_string())?;
+    let manager = client
+        .get_connection_manager()
+        .await
+        .map_err(|e| e.to_string())?;
+    let kit = Arc::new(idempotency_kit::RedisStore::new(manager));
+    let kit_hit = idempotency_kit::IdempotencyKey::derive("bench", format!("{run}-hit").as_bytes())
+        .map_err(|e| e.to_string())?;
+    kit_call(&kit, &kit_hit).await;
+
+    // idempotent 0.3.0
+    let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+    let prefix = format!("idempotent-bench-{run}");
+    let idem = Arc::new(
+        idempotent::store::valkey::ValkeyStore::with_prefix(client, Some(&prefix))
+            .await
+            .map_err(|e| e.to_string())?,
+    );
+    let idem_hit = idempotent::IdempotencyKey::new("hit").map_err(|e| e.to_string())?;
+    idem_call(&idem, &idem_hit).await;
+
+    let next = Arc::new(AtomicU64::new(0));
+    for concurrency in [1, 64] {
+        let n = if concurrency == 1 { ops / 10 } else { ops };
+        let (s, k) = (kit.clone(), kit_hit.clone());
+        rows.push(
+            bench
+                .measure("idempotency-kit hit", concurrency, n, move |_| {
+                    let (s, k) = (s.clone(), k.clone());
+                    async move { kit_call(&s, &k).await }
+                })
+                .await?,
+        );
+        let (s, next2, run2) = (kit.clone(), next.clone(), run.clone());
+        rows.push(
+            bench
+                .measure("idempotency-kit miss", concurrency, n, move |_| {
+                    let s = s.clone();
+                    let i = next2.fetch_add(1, Ordering::Relaxed);
+                    let k = idempotency_kit::IdempotencyKey::derive(
+                        "bench",
+                        format!("{run2}-{i}").as_bytes(),
+                    )
+                    .expect("key");
+                    async move { kit_call(&s, &k).await }
+                })
+                .await?,
+        );
+        let (s, k) = (idem.clone(), idem_hit.clone());
+        rows.push(
+            bench
+                .measure("idempotent hit", concurrency, n, move |_| {
+                    let (s, k) = (s.clone(), k.clone());
+                    async move { idem_call(&s, &k).await }
+                })
+                .await?,
+        );
+        let (s, next2) = (idem.clone(), next.clone());
+        rows.push(
+            bench
+                .measure("idempotent miss", concurrency, n, move |_| {
+                    let s = s.clone();
+                    let i = next2.fetch_add(1, Ordering::Relaxed);
+                    let k = idempotent::IdempotencyKey::new(format!("miss-{i}")).expect("key");
+                    async move { idem_call(&s, &k).await }
+                })
+                .await?,
+        );
+    }
+    Ok(rows)
+}
+
+async fn kit_call(store: &idempotency_kit::RedisStore, key: &idempotency_kit::IdempotencyKey) {
+    idempotency_kit::IdempotencyExecutor::execute(store, key, TTL, || async {
+        Ok::<_, Infallible>(b"1".to_vec())
+    })
+    .await
+    .expect("idempotency-kit call");
+}
+
+async fn idem_call(
+    store: &idempotent::store::valkey::ValkeyStore,
+    key: &idempotent::IdempotencyKey,
+) {
+    use idempotent::fingerprint::{DefaultFingerprintStrategy, FingerprintStrategy};
+    use idempotent::store::{IdempotencyStore, InsertResult};
+    let fingerprint = DefaultFingerprintStrategy.compute("bench", b"body");
+    let entry = idempotent::IdempotencyEntry::new(fingerprint, TTL);
+    match store
+        .try_insert(key, entry.clone())
+        .await
+        .expect("try_insert")
+    {
+        InsertResult::Claimed { fencing_token } => {
+            let response = idempotent::CachedResponse {
+                status_code: 200,
+                metadata: idempotent::Metadata::default(),
+                body: bytes::Bytes::from_static(b"1"),
+            };
+            store
+                .complete(key, entry.complete(response), fencing_token)
+                .await
+                .expect("complete");
+        }
+        InsertResult::Exists(existing) => {
+            std::hint::black_box(existing);
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let built = if args.workers <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(args.workers)
+            .enable_all()
+            .build()
+    };
+    let Ok(runtime) = built else {
+        eprintln!("idemkit-bench: cannot start the runtime");
+        return ExitCode::FAILURE;
+    };
+    let result = runtime.block_on(async {
+        let mut report = bench::run(&args.store, args.ops, args.workers).await?;
+        report.rows.extend(peers(&args.store, args.ops).await?);
+        Ok::<_, String>(report)
+    });
+    match result {
+        Ok(report) => {
+            print!("{report}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("idemkit-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
