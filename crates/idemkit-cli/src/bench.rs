@@ -56,6 +56,26 @@ pub struct Report {
 }
 
 /// A connection for measuring: raw commands, `INFO`, `MONITOR`.
+///
+/// # Example
+///
+/// ```no_run
+/// # async fn run() -> Result<(), String> {
+/// use idemkit_cli::bench::Bench;
+///
+/// let bench = Bench::connect("redis://127.0.0.1:6379").await?;
+/// let conn = bench.raw();
+/// let row = bench
+///     .measure("GET", 64, 10_000, move |_| {
+///         let mut c = conn.clone();
+///         async move {
+///             let _: Option<String> = redis::cmd("GET").arg("k").query_async(&mut c).await.unwrap();
+///         }
+///     })
+///     .await?;
+/// println!("{} ops/s, {} commands per call", row.ops_per_sec, row.commands_per_call);
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 pub struct Bench {
     client: redis::Client,
@@ -162,6 +182,15 @@ impl Bench {
 
 /// Runs the benchmark against a Redis URL with `ops` operations per concurrent case:
 /// the floor, idemkit's hit and miss paths, and waiter wake-ups.
+///
+/// # Example
+///
+/// ```no_run
+/// # async fn run() -> Result<(), String> {
+/// let report = idemkit_cli::bench::run("redis://127.0.0.1:6379", 100_000, 1).await?;
+/// println!("{report}");
+/// # Ok(()) }
+/// ```
 ///
 /// # Errors
 ///
