@@ -2,7 +2,7 @@
 //!
 //! # Optional features
 //!
-//! - `redis`: [`redis`](crate::redis) re-exports `idemkit-redis` (`RedisStore`).
+//! - `redis`: the module `redis` re-exports `idemkit-redis` (`RedisStore`).
 #![forbid(unsafe_code)]
 
 pub use idemkit_core::*;
