@@ -61,6 +61,27 @@ fn counter(snapshotter: &Snapshotter, name: &str) -> u64 {
         .sum()
 }
 
+/// Starts an owner of key "k" whose mail takes `delay`, and returns once it holds the key.
+async fn start_owner<S: Store>(
+    c: &Coordinator<S>,
+    mailer: &Mailer,
+    delay: Duration,
+    fingerprint: Option<Fingerprint>,
+) -> tokio::task::JoinHandle<Result<idemkit_core::Outcome<String>, Error<Infallible>>> {
+    let (c, mailer) = (c.clone(), mailer.clone());
+    let owner = tokio::spawn(async move {
+        let (op, k) = (op(), key("k"));
+        let call = c.call(&op, &k);
+        let call = match fingerprint {
+            Some(f) => call.fingerprint(f),
+            None => call,
+        };
+        call.run(|_| mailer.send(delay)).await
+    });
+    sleep(Duration::from_millis(10)).await;
+    owner
+}
+
 // ===== replay, round trips =====
 
 #[tokio::test(start_paused = true)]
@@ -224,22 +245,13 @@ async fn waiters_follow_a_renewed_lease_and_get_the_owners_result() {
         .policy(policy)
         .build();
     let mailer = Mailer::default();
-    let owner = {
-        let (c, mailer) = (c.clone(), mailer.clone());
-        tokio::spawn(async move {
-            c.call(&op(), &key("k"))
-                .run(|_| mailer.send(Duration::from_millis(3_500)))
-                .await
-                .unwrap()
-        })
-    };
-    sleep(Duration::from_millis(10)).await;
+    let owner = start_owner(&c, &mailer, Duration::from_millis(3_500), None).await;
     let waiter = c
         .call(&op(), &key("k"))
         .run(|_| mailer.send(Duration::ZERO))
         .await
         .unwrap();
-    let owner = owner.await.unwrap();
+    let owner = owner.await.unwrap().unwrap();
     assert_eq!(
         (owner.source, waiter.source),
         (Source::Fresh, Source::Replayed)
@@ -260,22 +272,13 @@ async fn a_waiter_gives_up_after_its_timeout_with_in_progress() {
         .policy(policy)
         .build();
     let mailer = Mailer::default();
-    let owner = {
-        let (c, mailer) = (c.clone(), mailer.clone());
-        tokio::spawn(async move {
-            c.call(&op(), &key("k"))
-                .run(|_| mailer.send(Duration::from_secs(5)))
-                .await
-                .unwrap()
-        })
-    };
-    sleep(Duration::from_millis(10)).await;
+    let owner = start_owner(&c, &mailer, Duration::from_secs(5), None).await;
     let waited = c
         .call(&op(), &key("k"))
         .run(|_| mailer.send(Duration::ZERO))
         .await;
     assert!(matches!(waited, Err(Error::InFlight { .. })), "{waited:?}");
-    assert_eq!(owner.await.unwrap().value, "em_1");
+    assert_eq!(owner.await.unwrap().unwrap().value, "em_1");
     assert_eq!(mailer.sent(), 1);
 }
 
@@ -346,15 +349,7 @@ async fn a_dead_owner_is_taken_over_after_its_lease() {
     let c = Coordinator::builder(store.clone()).policy(policy).build();
     store.fail(Fault::Release, true);
     let mailer = Mailer::default();
-    let owner = {
-        let (c, mailer) = (c.clone(), mailer.clone());
-        tokio::spawn(async move {
-            c.call(&op(), &key("k"))
-                .run(|_| mailer.send(Duration::from_secs(3600)))
-                .await
-        })
-    };
-    sleep(Duration::from_millis(10)).await;
+    let owner = start_owner(&c, &mailer, Duration::from_secs(3600), None).await;
     owner.abort();
     let started = tokio::time::Instant::now();
     // Wait mode: wakes at the dead owner's lease end and takes over.
@@ -380,16 +375,7 @@ async fn a_key_reused_for_another_request_is_refused_in_flight_and_after() {
         Fingerprint::of(b"amount=100"),
         Fingerprint::of(b"amount=200"),
     );
-    let owner = {
-        let (c, mailer) = (c.clone(), mailer.clone());
-        tokio::spawn(async move {
-            c.call(&op(), &key("k"))
-                .fingerprint(a)
-                .run(|_| mailer.send(Duration::from_secs(1)))
-                .await
-        })
-    };
-    sleep(Duration::from_millis(10)).await;
+    let owner = start_owner(&c, &mailer, Duration::from_secs(1), Some(a)).await;
     let in_flight = c
         .call(&op(), &key("k"))
         .fingerprint(b)
@@ -580,16 +566,7 @@ async fn permanent_errors_are_stored_and_replayed_others_released() {
 async fn run_mode_runs_the_duplicate_unprotected() {
     let c = Coordinator::new(MemoryStore::new());
     let mailer = Mailer::default();
-    let owner = {
-        let (c, mailer) = (c.clone(), mailer.clone());
-        tokio::spawn(async move {
-            c.call(&op(), &key("k"))
-                .run(|_| mailer.send(Duration::from_secs(1)))
-                .await
-                .unwrap()
-        })
-    };
-    sleep(Duration::from_millis(10)).await;
+    let owner = start_owner(&c, &mailer, Duration::from_secs(1), None).await;
     let dup = c
         .call(&op(), &key("k"))
         .in_flight(InFlight::Run)
@@ -600,7 +577,7 @@ async fn run_mode_runs_the_duplicate_unprotected() {
         .await
         .unwrap();
     assert_eq!((dup.source, dup.fencing), (Source::Unprotected, None));
-    assert_eq!(owner.await.unwrap().value, "em_1");
+    assert_eq!(owner.await.unwrap().unwrap().value, "em_1");
     assert_eq!(mailer.sent(), 2);
 }
 
@@ -816,15 +793,7 @@ fn hits_misses_waits_and_rejections_are_counted() {
         rt.block_on(async {
             let c = Coordinator::new(MemoryStore::new());
             let mailer = Mailer::default();
-            let owner = {
-                let (c, mailer) = (c.clone(), mailer.clone());
-                tokio::spawn(async move {
-                    c.call(&op(), &key("k"))
-                        .run(|_| mailer.send(Duration::from_secs(1)))
-                        .await
-                })
-            };
-            sleep(Duration::from_millis(10)).await;
+            let owner = start_owner(&c, &mailer, Duration::from_secs(1), None).await;
             let rejected = c
                 .call(&op(), &key("k"))
                 .in_flight(InFlight::Reject)
