@@ -401,7 +401,7 @@ impl RedisStore {
         match cmd.query_async(&mut conn).await {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                 tracing::debug!("script not in the server's cache (restarted?): loading it");
-                // Cluster: the load is routed by the key, to the node that will run it.
+                // On a Cluster redis-rs sends SCRIPT LOAD to every primary.
                 redis::cmd("SCRIPT")
                     .arg("LOAD")
                     .arg(script_source(script))
