@@ -86,6 +86,9 @@ pub struct RedisStore {
 struct Shared {
     /// Every key this store writes starts with `{prefix}:`.
     prefix: String,
+    /// The durability guard: after a reservation or a completion, wait until this many
+    /// replicas acknowledged the write (`WAIT`), for at most this long.
+    replicas: Option<(usize, Duration)>,
     /// Local waiters per wake-up channel. The push handler (called by the connection for
     /// each pub/sub message) notifies them; a channel is subscribed while it has waiters.
     waiters: Arc<Waiters>,
@@ -138,6 +141,7 @@ impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisStore")
             .field("prefix", &self.shared.prefix)
+            .field("replicas", &self.shared.replicas)
             .field("cluster", &matches!(self.conn, Conn::Cluster(_)))
             .finish()
     }
@@ -162,6 +166,7 @@ pub struct Builder {
     prefix: String,
     response_timeout: Duration,
     connection_timeout: Duration,
+    replicas: Option<(usize, Duration)>,
 }
 
 impl Default for Builder {
@@ -170,6 +175,7 @@ impl Default for Builder {
             prefix: "idemkit".to_string(),
             response_timeout: Duration::from_secs(1),
             connection_timeout: Duration::from_secs(1),
+            replicas: None,
         }
     }
 }
@@ -193,6 +199,36 @@ impl Builder {
     /// See [`Builder`].
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
+        self
+    }
+
+    /// The durability guard: after each reservation and each completion, wait until
+    /// `replicas` replicas acknowledged the write (`WAIT replicas timeout`), and report the
+    /// store unavailable if they did not within `timeout`.
+    ///
+    /// Redis replicates asynchronously: without the guard, a failover that promotes a
+    /// replica which missed the last writes loses those reservations and results, and the
+    /// action can run again. The guard narrows that window to writes whose acknowledgement
+    /// is still in flight, at the cost of one more round trip on each write phase (hits are
+    /// unaffected). A reservation that is not acknowledged fails `begin` (fail-closed: the
+    /// action does not run); a completion that is not acknowledged is reported like any
+    /// completion failure (the caller has its value, the failure is logged and counted).
+    /// Keep `timeout` below the response timeout. On a Cluster, `WAIT` goes to every
+    /// primary and the smallest acknowledgement counts.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), idemkit_core::StoreError> {
+    /// use std::time::Duration;
+    /// let store = idemkit_redis::RedisStore::builder()
+    ///     .wait_for_replicas(1, Duration::from_millis(100))
+    ///     .connect("redis://127.0.0.1:6379")
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn wait_for_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
+        self.replicas = (replicas > 0).then_some((replicas, timeout));
         self
     }
 
@@ -239,6 +275,7 @@ impl Builder {
             conn: Conn::Single(manager),
             shared: Arc::new(Shared {
                 prefix: self.prefix,
+                replicas: self.replicas,
                 waiters,
             }),
         })
@@ -271,6 +308,7 @@ impl Builder {
             conn: Conn::Cluster(conn),
             shared: Arc::new(Shared {
                 prefix: self.prefix,
+                replicas: self.replicas,
                 waiters,
             }),
         })
@@ -319,6 +357,7 @@ impl RedisStore {
             conn: self.conn.clone(),
             shared: Arc::new(Shared {
                 prefix: prefix.into().replace(['{', '}'], "_"),
+                replicas: self.shared.replicas,
                 waiters: self.shared.waiters.clone(),
             }),
         }
@@ -382,6 +421,27 @@ impl RedisStore {
         match self.conn.clone() {
             Conn::Single(mut c) => c.unsubscribe(channel).await,
             Conn::Cluster(mut c) => c.sunsubscribe(channel).await,
+        }
+    }
+
+    /// The durability guard (see [`Builder::wait_for_replicas`]): `Ok` at once without it.
+    async fn replicated(&self) -> Result<(), StoreError> {
+        let Some((replicas, timeout)) = self.shared.replicas else {
+            return Ok(());
+        };
+        let acked: i64 = redis::cmd("WAIT")
+            .arg(replicas)
+            .arg(ms(timeout))
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(map_err)?;
+        if acked >= replicas as i64 {
+            Ok(())
+        } else {
+            Err(StoreError::unavailable(format!(
+                "write acknowledged by {acked} of {replicas} replicas within {} ms",
+                ms(timeout)
+            )))
         }
     }
 
@@ -513,6 +573,7 @@ impl Store for RedisStore {
         match reply {
             Value::Int(0) => Ok(Begin::Mismatch),
             Value::Int(fencing) => {
+                self.replicated().await?;
                 let fencing = FencingToken::new(fencing as u64);
                 Ok(Begin::Reserved {
                     lease: Lease::new(req.owner, fencing),
@@ -587,11 +648,10 @@ impl Store for RedisStore {
                     .arg(self.publish_command());
             })
             .await?;
-        if done == 1 {
-            Ok(())
-        } else {
-            Err(StoreError::lease_lost())
+        if done != 1 {
+            return Err(StoreError::lease_lost());
         }
+        self.replicated().await
     }
 
     async fn release(&self, key: &StorageKey, lease: &Lease) -> Result<(), StoreError> {
