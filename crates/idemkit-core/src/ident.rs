@@ -496,13 +496,23 @@ impl StorageKey {
     /// # Ok::<(), idemkit_core::KeyError>(())
     /// ```
     pub fn new(operation: &Operation, scope: Option<&Scope>, key: &Key) -> Self {
-        use fmt::Write as _;
         let scope = scope.map_or("", Scope::as_str);
         let mut s =
             String::with_capacity(operation.as_str().len() + scope.len() + key.as_str().len() + 8);
         s.push_str(operation.as_str());
         s.push(':');
-        write!(s, "{}", scope.len()).expect("writing to a String cannot fail");
+        // The scope's length in decimal, without the formatting machinery (hot path).
+        let mut digits = [0u8; 20];
+        let (mut n, mut at) = (scope.len(), digits.len());
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        s.push_str(std::str::from_utf8(&digits[at..]).expect("ASCII digits"));
         s.push(':');
         s.push_str(scope);
         s.push(':');
