@@ -151,16 +151,7 @@ async fn idem_call(
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let built = if args.workers <= 1 {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-    } else {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(args.workers)
-            .enable_all()
-            .build()
-    };
+    let built = idemkit_cli::bench::runtime(args.workers);
     let Ok(runtime) = built else {
         eprintln!("idemkit-bench: cannot start the runtime");
         return ExitCode::FAILURE;

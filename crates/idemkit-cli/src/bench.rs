@@ -23,6 +23,32 @@ use idemkit_redis::RedisStore;
 use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
 
+/// The client runtime a benchmark runs on: a current-thread runtime for `workers <= 1`
+/// (which leaves the second core to Redis), else that many worker threads.
+///
+/// # Errors
+///
+/// The runtime cannot start.
+///
+/// # Example
+///
+/// ```
+/// let rt = idemkit_cli::bench::runtime(1).unwrap();
+/// assert_eq!(rt.block_on(async { 1 + 1 }), 2);
+/// ```
+pub fn runtime(workers: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    if workers <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .enable_all()
+            .build()
+    }
+}
+
 /// One measured row.
 #[derive(Debug, Clone)]
 pub struct Row {
