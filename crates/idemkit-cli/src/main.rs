@@ -52,10 +52,12 @@ fn nanos() -> u64 {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    // The demo runs its workers on two threads; the benchmark on what it is asked for.
+    let workers = match &cli.command {
+        Command::Bench { workers, .. } => *workers,
+        Command::Demo { .. } => 2,
+    };
+    let runtime = match idemkit_cli::bench::runtime(workers) {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("idemkit: cannot start the runtime: {e}");
