@@ -281,3 +281,49 @@ async fn a_restart_between_begin_and_complete_loses_the_reservation_not_the_resu
         ("em_3", Source::Replayed)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_callers_on_redis_run_the_action_once() {
+    let Some(store) = support::connect(&support::redis_url()).await else {
+        return;
+    };
+    for mode in [InFlight::Wait, InFlight::Reject] {
+        let c = Coordinator::builder(store.clone())
+            .policy(Policy::default().in_flight(mode))
+            .build();
+        let mailer = Mailer::default();
+        let k = key(&format!("crowd-{:x}", fastrand::u64(..)));
+        let start = Arc::new(tokio::sync::Barrier::new(64));
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..64 {
+            let (c, mailer, k, start) = (c.clone(), mailer.clone(), k.clone(), start.clone());
+            tasks.spawn(async move {
+                start.wait().await;
+                // Long enough that the others arrive while it runs.
+                c.call(&op(), &k)
+                    .run(|_| mailer.send(Duration::from_millis(200)))
+                    .await
+            });
+        }
+        let (mut fresh, mut replayed, mut in_progress) = (0, 0, 0);
+        while let Some(result) = tasks.join_next().await {
+            match result.unwrap() {
+                Ok(out) => {
+                    assert_eq!(out.value, "em_1");
+                    match out.source {
+                        Source::Fresh => fresh += 1,
+                        Source::Replayed => replayed += 1,
+                        other => panic!("unexpected source {other:?}"),
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::InFlight => in_progress += 1,
+                Err(e) => panic!("unexpected error {e}"),
+            }
+        }
+        assert_eq!((mailer.sent(), fresh), (1, 1), "{mode:?}");
+        match mode {
+            InFlight::Wait => assert_eq!((replayed, in_progress), (63, 0)),
+            _ => assert_eq!(replayed + in_progress, 63),
+        }
+    }
+}
