@@ -1,12 +1,12 @@
 //! [`MemoryStore`]: the embedded default store.
 
-use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
+use hashbrown::HashTable;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -62,7 +62,9 @@ pub struct MemoryStore {
 #[derive(Debug)]
 struct Inner {
     shards: Box<[Mutex<Shard>]>,
-    /// Picks the shard. Randomly seeded per store, like `HashMap`'s own hasher, so that keys
+    /// Hashes each storage key once per call: bits 32-36 pick the shard, and the shard's
+    /// table uses the same hash (hashbrown's low and top bits). Randomly seeded per store,
+    /// like `HashMap`'s own hasher, so that keys
     /// chosen by clients (HTTP) cannot be aimed at one shard.
     hasher: RandomState,
     /// The next fencing token. One counter for all keys: it only has to increase per key, and
@@ -74,7 +76,7 @@ struct Inner {
 
 #[derive(Debug, Default)]
 struct Shard {
-    map: HashMap<Box<str>, Entry>,
+    map: Table,
     /// Sweep expired entries when `map` reaches this size (see [`MIN_SWEEP`]).
     sweep_at: usize,
 }
@@ -150,7 +152,7 @@ impl MemoryStore {
         let shards = (0..SHARDS)
             .map(|_| {
                 Mutex::new(Shard {
-                    map: HashMap::new(),
+                    map: Table::default(),
                     sweep_at: MIN_SWEEP,
                 })
             })
@@ -203,15 +205,16 @@ impl MemoryStore {
             .map(|s| {
                 let mut s = lock(s);
                 let before = s.map.len();
-                s.map.retain(|_, e| e.expires() > now);
+                s.map.retain(|e| e.expires() > now);
                 before - s.map.len()
             })
             .sum()
     }
 
-    fn shard(&self, key: &StorageKey) -> MutexGuard<'_, Shard> {
-        let h = self.inner.hasher.hash_one(key.as_str()) as usize;
-        lock(&self.inner.shards[h % SHARDS])
+    /// The key's shard, locked, and the key's hash for that shard's table.
+    fn shard(&self, key: &StorageKey) -> (MutexGuard<'_, Shard>, u64) {
+        let h = self.inner.hasher.hash_one(key.as_str());
+        (lock(&self.inner.shards[(h >> 32) as usize % SHARDS]), h)
     }
 
     fn next_fencing(&self) -> FencingToken {
@@ -244,10 +247,59 @@ fn corrupt(bytes: &Bytes) -> StoreError {
     }
 }
 
+/// One shard's entries, looked up with the hash the shard was chosen by: one hash per call.
+#[derive(Debug, Default)]
+struct Table {
+    entries: HashTable<(Box<str>, Entry)>,
+}
+
+impl Table {
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    fn get(&self, hash: u64, key: &str) -> Option<&Entry> {
+        self.entries
+            .find(hash, |(k, _)| **k == *key)
+            .map(|(_, e)| e)
+    }
+
+    fn get_mut(&mut self, hash: u64, key: &str) -> Option<&mut Entry> {
+        self.entries
+            .find_mut(hash, |(k, _)| **k == *key)
+            .map(|(_, e)| e)
+    }
+
+    /// Inserts or replaces; returns the replaced entry.
+    fn insert(
+        &mut self,
+        hash: u64,
+        key: &str,
+        entry: Entry,
+        hasher: &RandomState,
+    ) -> Option<Entry> {
+        if let Some(old) = self.get_mut(hash, key) {
+            return Some(std::mem::replace(old, entry));
+        }
+        self.entries
+            .insert_unique(hash, (key.into(), entry), |(k, _)| hasher.hash_one(&**k));
+        None
+    }
+
+    fn remove(&mut self, hash: u64, key: &str) -> Option<Entry> {
+        let found = self.entries.find_entry(hash, |(k, _)| **k == *key).ok()?;
+        Some(found.remove().0.1)
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&Entry) -> bool) {
+        self.entries.retain(|(_, e)| keep(e));
+    }
+}
+
 impl Shard {
     fn sweep_if_due(&mut self, now: Instant) {
         if self.map.len() >= self.sweep_at {
-            self.map.retain(|_, e| e.expires() > now);
+            self.map.retain(|e| e.expires() > now);
             self.sweep_at = (self.map.len() * 2).max(MIN_SWEEP);
         }
     }
@@ -256,8 +308,8 @@ impl Shard {
 impl Store for MemoryStore {
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Begin, StoreError> {
         let now = self.inner.clock.now();
-        let mut shard = self.shard(req.key);
-        match shard.map.get_mut(req.key.as_str()) {
+        let (mut shard, h) = self.shard(req.key);
+        match shard.map.get_mut(h, req.key.as_str()) {
             Some(Entry::Record(slot)) if slot.expires > now => {
                 if slot.fingerprint != req.fingerprint {
                     return Ok(Begin::Mismatch);
@@ -292,7 +344,7 @@ impl Store for MemoryStore {
                 let lease = Lease::new(slot.owner, slot.fencing);
                 shard
                     .map
-                    .insert(req.key.as_str().into(), Entry::Record(slot));
+                    .insert(h, req.key.as_str(), Entry::Record(slot), &self.inner.hasher);
                 Ok(Begin::Reserved {
                     lease,
                     took_over: false,
@@ -308,8 +360,8 @@ impl Store for MemoryStore {
         ttl: Duration,
     ) -> Result<(), StoreError> {
         let now = self.inner.clock.now();
-        let mut shard = self.shard(key);
-        match shard.map.get_mut(key.as_str()) {
+        let (mut shard, h) = self.shard(key);
+        match shard.map.get_mut(h, key.as_str()) {
             Some(Entry::Record(slot))
                 if slot.owned_by(lease)
                     && matches!(slot.state, State::Reserved)
@@ -329,8 +381,8 @@ impl Store for MemoryStore {
         completion: &Completion,
     ) -> Result<(), StoreError> {
         let now = self.inner.clock.now();
-        let mut shard = self.shard(key);
-        match shard.map.get_mut(key.as_str()) {
+        let (mut shard, h) = self.shard(key);
+        match shard.map.get_mut(h, key.as_str()) {
             Some(Entry::Record(slot)) if slot.owned_by(lease) => match slot.state {
                 State::Reserved if slot.expires > now => {
                     slot.state = State::Completed(StoredOutcome::new(
@@ -351,15 +403,15 @@ impl Store for MemoryStore {
 
     async fn release(&self, key: &StorageKey, lease: &Lease) -> Result<(), StoreError> {
         let now = self.inner.clock.now();
-        let mut shard = self.shard(key);
-        match shard.map.get_mut(key.as_str()) {
+        let (mut shard, h) = self.shard(key);
+        match shard.map.get_mut(h, key.as_str()) {
             Some(Entry::Record(slot))
                 if slot.owned_by(lease)
                     && matches!(slot.state, State::Reserved)
                     && slot.expires > now =>
             {
                 slot.wake_waiters();
-                shard.map.remove(key.as_str());
+                shard.map.remove(h, key.as_str());
                 Ok(())
             }
             _ => Err(StoreError::lease_lost()),
@@ -377,8 +429,8 @@ impl Store for MemoryStore {
         let notified;
         let until;
         {
-            let mut shard = self.shard(key);
-            match shard.map.get_mut(key.as_str()) {
+            let (mut shard, h) = self.shard(key);
+            match shard.map.get_mut(h, key.as_str()) {
                 Some(Entry::Record(slot))
                     if slot.fencing == seen
                         && matches!(slot.state, State::Reserved)
@@ -400,9 +452,9 @@ impl Store for MemoryStore {
 
     async fn get(&self, key: &StorageKey) -> Result<Option<Record>, StoreError> {
         let now = self.inner.clock.now();
-        let shard = self.shard(key);
+        let (shard, h) = self.shard(key);
         let clock = &self.inner.clock;
-        match shard.map.get(key.as_str()) {
+        match shard.map.get(h, key.as_str()) {
             Some(Entry::Record(slot)) if slot.expires > now => Ok(Some(Record {
                 state: match &slot.state {
                     State::Reserved => RecordState::Reserved,
@@ -450,17 +502,19 @@ impl RawStore for MemoryStore {
             }
             Err(_) => Entry::Foreign { bytes, expires },
         };
-        let mut shard = self.shard(key);
+        let (mut shard, h) = self.shard(key);
         shard.sweep_if_due(now);
-        if let Some(Entry::Record(mut old)) = shard.map.insert(key.as_str().into(), entry) {
+        if let Some(Entry::Record(mut old)) =
+            shard.map.insert(h, key.as_str(), entry, &self.inner.hasher)
+        {
             old.wake_waiters();
         }
         Ok(())
     }
 
     async fn purge(&self, key: &StorageKey) -> Result<bool, StoreError> {
-        let mut shard = self.shard(key);
-        match shard.map.remove(key.as_str()) {
+        let (mut shard, h) = self.shard(key);
+        match shard.map.remove(h, key.as_str()) {
             Some(Entry::Record(mut old)) => {
                 old.wake_waiters();
                 Ok(true)
