@@ -20,15 +20,8 @@ use idemkit_cli::bench::{self, Bench, Row};
 
 #[derive(Debug, Parser)]
 struct Args {
-    /// The Redis server.
-    #[arg(long, default_value = "redis://127.0.0.1:6379")]
-    store: String,
-    /// Operations per case at concurrency 64 (a tenth at concurrency 1).
-    #[arg(long, default_value_t = 100_000)]
-    ops: usize,
-    /// Tokio worker threads for the client (1: a current-thread runtime).
-    #[arg(long, default_value_t = 1)]
-    workers: usize,
+    #[command(flatten)]
+    bench: bench::BenchArgs,
 }
 
 const TTL: Duration = Duration::from_secs(60);
@@ -151,14 +144,16 @@ async fn idem_call(
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let built = idemkit_cli::bench::runtime(args.workers);
+    let built = idemkit_cli::bench::runtime(args.bench.workers);
     let Ok(runtime) = built else {
         eprintln!("idemkit-bench: cannot start the runtime");
         return ExitCode::FAILURE;
     };
     let result = runtime.block_on(async {
-        let mut report = bench::run(&args.store, args.ops, args.workers).await?;
-        report.rows.extend(peers(&args.store, args.ops).await?);
+        let mut report = bench::run(&args.bench.store, args.bench.ops, args.bench.workers).await?;
+        report
+            .rows
+            .extend(peers(&args.bench.store, args.bench.ops).await?);
         Ok::<_, String>(report)
     });
     match result {

@@ -23,6 +23,21 @@ use idemkit_redis::RedisStore;
 use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
 
+/// The benchmark's command-line arguments, shared by `idemkit bench` and `idemkit-bench`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// The Redis server.
+    #[arg(long, default_value = "redis://127.0.0.1:6379")]
+    pub store: String,
+    /// Operations per case at concurrency 64 (a tenth of it at concurrency 1).
+    #[arg(long, default_value_t = 100_000)]
+    pub ops: usize,
+    /// Tokio worker threads for the client: 1 is a current-thread runtime, which leaves
+    /// the second core to Redis.
+    #[arg(long, default_value_t = 1)]
+    pub workers: usize,
+}
+
 /// The client runtime a benchmark runs on: a current-thread runtime for `workers <= 1`
 /// (which leaves the second core to Redis), else that many worker threads.
 ///
@@ -146,9 +161,59 @@ impl Bench {
         Fut: Future<Output = ()> + Send,
     {
         let commands_per_call = self.count_commands(20, call.clone()).await?;
-        let mut row = measure(&self.raw, case, concurrency, ops, call).await?;
-        row.commands_per_call = commands_per_call;
-        Ok(row)
+        let before = commandstats(&self.raw).await?;
+        let per_task = ops.div_ceil(concurrency);
+        let started = Instant::now();
+        let tasks: Vec<_> = (0..concurrency)
+            .map(|_| {
+                let call = call.clone();
+                tokio::spawn(async move {
+                    let mut lat = Vec::with_capacity(per_task);
+                    for i in 0..per_task {
+                        let t = Instant::now();
+                        call(i).await;
+                        lat.push(t.elapsed());
+                    }
+                    lat
+                })
+            })
+            .collect();
+        let mut lat = Vec::with_capacity(per_task * concurrency);
+        for t in tasks {
+            lat.extend(t.await.map_err(|e| e.to_string())?);
+        }
+        let elapsed = started.elapsed();
+        let after = commandstats(&self.raw).await?;
+        lat.sort();
+        let calls = lat.len() as f64;
+        // Top-level commands this case sends (commands run inside scripts are counted by Redis
+        // under their own names, so only EVALSHA and the floor's GET are client commands here).
+        let delta = |name: &str| {
+            let (c1, u1) = after.get(name).copied().unwrap_or_default();
+            let (c0, u0) = before.get(name).copied().unwrap_or_default();
+            (c1 - c0, u1 - u0)
+        };
+        let (evalsha, evalsha_usec) = delta("evalsha");
+        let (eval, eval_usec) = delta("eval");
+        let usec = if evalsha + eval > 0 {
+            // A script's time includes the commands it runs; count only the scripts.
+            evalsha_usec + eval_usec
+        } else {
+            after
+                .keys()
+                .filter(|k| *k != "info")
+                .map(|k| delta(k).1)
+                .sum()
+        };
+        Ok(Row {
+            case,
+            concurrency,
+            ops_per_sec: calls / elapsed.as_secs_f64(),
+            p50: lat[lat.len() / 2],
+            p99: lat[lat.len() * 99 / 100],
+            commands_per_call,
+            redis_usec_per_call: usec as f64 / calls,
+        })
     }
 
     /// Client commands per call, read from `MONITOR` (lines of commands run by scripts are
@@ -346,72 +411,6 @@ async fn commandstats(conn: &MultiplexedConnection) -> Result<Stats, String> {
         out.insert(name.to_string(), (field("calls="), field("usec=")));
     }
     Ok(out)
-}
-
-async fn measure<F, Fut>(
-    conn: &MultiplexedConnection,
-    case: &'static str,
-    concurrency: usize,
-    ops: usize,
-    call: F,
-) -> Result<Row, String>
-where
-    F: Fn(usize) -> Fut + Clone + Send + 'static,
-    Fut: Future<Output = ()> + Send,
-{
-    let before = commandstats(conn).await?;
-    let per_task = ops.div_ceil(concurrency);
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..concurrency)
-        .map(|_| {
-            let call = call.clone();
-            tokio::spawn(async move {
-                let mut lat = Vec::with_capacity(per_task);
-                for i in 0..per_task {
-                    let t = Instant::now();
-                    call(i).await;
-                    lat.push(t.elapsed());
-                }
-                lat
-            })
-        })
-        .collect();
-    let mut lat = Vec::with_capacity(per_task * concurrency);
-    for t in tasks {
-        lat.extend(t.await.map_err(|e| e.to_string())?);
-    }
-    let elapsed = started.elapsed();
-    let after = commandstats(conn).await?;
-    lat.sort();
-    let calls = lat.len() as f64;
-    // Top-level commands this case sends (commands run inside scripts are counted by Redis
-    // under their own names, so only EVALSHA and the floor's GET are client commands here).
-    let delta = |name: &str| {
-        let (c1, u1) = after.get(name).copied().unwrap_or_default();
-        let (c0, u0) = before.get(name).copied().unwrap_or_default();
-        (c1 - c0, u1 - u0)
-    };
-    let (evalsha, evalsha_usec) = delta("evalsha");
-    let (eval, eval_usec) = delta("eval");
-    let usec = if evalsha + eval > 0 {
-        // A script's time includes the commands it runs; count only the scripts.
-        evalsha_usec + eval_usec
-    } else {
-        after
-            .keys()
-            .filter(|k| *k != "info")
-            .map(|k| delta(k).1)
-            .sum()
-    };
-    Ok(Row {
-        case,
-        concurrency,
-        ops_per_sec: calls / elapsed.as_secs_f64(),
-        p50: lat[lat.len() / 2],
-        p99: lat[lat.len() * 99 / 100],
-        commands_per_call: 0.0,
-        redis_usec_per_call: usec as f64 / calls,
-    })
 }
 
 async fn wakeups(

@@ -28,18 +28,7 @@ enum Command {
         store: String,
     },
     /// Measure idemkit on Redis against the raw round-trip floor, in one run.
-    Bench {
-        /// The Redis server.
-        #[arg(long, default_value = "redis://127.0.0.1:6379")]
-        store: String,
-        /// Operations per case at concurrency 64 (a tenth of it at concurrency 1).
-        #[arg(long, default_value_t = 100_000)]
-        ops: usize,
-        /// Tokio worker threads for the client: 1 is a current-thread runtime, which leaves
-        /// the second core to Redis.
-        #[arg(long, default_value_t = 1)]
-        workers: usize,
-    },
+    Bench(idemkit_cli::bench::BenchArgs),
 }
 
 /// A run id component: distinct demo runs must not share keys.
@@ -54,7 +43,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // The demo runs its workers on two threads; the benchmark on what it is asked for.
     let workers = match &cli.command {
-        Command::Bench { workers, .. } => *workers,
+        Command::Bench(args) => args.workers,
         Command::Demo { .. } => 2,
     };
     let runtime = match idemkit_cli::bench::runtime(workers) {
@@ -65,20 +54,18 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Bench {
-            store,
-            ops,
-            workers,
-        } => match runtime.block_on(idemkit_cli::bench::run(&store, ops, workers)) {
-            Ok(report) => {
-                print!("{report}");
-                ExitCode::SUCCESS
+        Command::Bench(args) => {
+            match runtime.block_on(idemkit_cli::bench::run(&args.store, args.ops, args.workers)) {
+                Ok(report) => {
+                    print!("{report}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("idemkit: bench failed: {e}");
+                    ExitCode::FAILURE
+                }
             }
-            Err(e) => {
-                eprintln!("idemkit: bench failed: {e}");
-                ExitCode::FAILURE
-            }
-        },
+        }
         Command::Demo { store } => match store.as_str() {
             "memory" => {
                 let report = runtime.block_on(idemkit_cli::demo::run(MemoryStore::new));

@@ -27,16 +27,22 @@ async fn action() -> Result<String, Infallible> {
     Ok("em_1".to_string())
 }
 
-fn single(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap();
+/// A coordinator on a fresh `MemoryStore` whose hit key is already completed.
+fn setup(rt: &tokio::runtime::Runtime) -> (Coordinator<MemoryStore>, Operation, Key) {
     let coordinator = Coordinator::new(MemoryStore::new());
     let op = Operation::new("mail.invoice").unwrap();
     let hit_key = Key::new("order-9.invoice").unwrap();
     rt.block_on(coordinator.call(&op, &hit_key).run(|_| action()))
         .unwrap();
+    (coordinator, op, hit_key)
+}
+
+fn single(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let (coordinator, op, hit_key) = setup(&rt);
 
     let mut g = c.benchmark_group("single");
     g.bench_function("hit", |b| {
@@ -73,11 +79,7 @@ fn contended(c: &mut Criterion) {
         .enable_time()
         .build()
         .unwrap();
-    let coordinator = Coordinator::new(MemoryStore::new());
-    let op = Operation::new("mail.invoice").unwrap();
-    let hit_key = Key::new("order-9.invoice").unwrap();
-    rt.block_on(coordinator.call(&op, &hit_key).run(|_| action()))
-        .unwrap();
+    let (coordinator, op, hit_key) = setup(&rt);
     let next = Arc::new(AtomicU64::new(0));
 
     let mut g = c.benchmark_group("contended64");
