@@ -211,10 +211,14 @@ impl MemoryStore {
             .sum()
     }
 
-    /// The key's shard, locked, and the key's hash for that shard's table.
-    fn shard(&self, key: &StorageKey) -> (MutexGuard<'_, Shard>, u64) {
+    /// The key's shard, locked, the key's hash for that shard's table, and the time, read
+    /// once the lock is held: operations on a key then see time in the order they run, so
+    /// a reported remaining lease never exceeds the lease (a clock read before waiting for
+    /// the lock could predate the reservation it then reports on).
+    fn shard(&self, key: &StorageKey) -> (MutexGuard<'_, Shard>, u64, Instant) {
         let h = self.inner.hasher.hash_one(key.as_str());
-        (lock(&self.inner.shards[(h >> 32) as usize % SHARDS]), h)
+        let shard = lock(&self.inner.shards[(h >> 32) as usize % SHARDS]);
+        (shard, h, self.inner.clock.now())
     }
 
     fn next_fencing(&self) -> FencingToken {
@@ -307,8 +311,7 @@ impl Shard {
 
 impl Store for MemoryStore {
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Begin, StoreError> {
-        let now = self.inner.clock.now();
-        let (mut shard, h) = self.shard(req.key);
+        let (mut shard, h, now) = self.shard(req.key);
         match shard.map.get_mut(h, req.key.as_str()) {
             Some(Entry::Record(slot)) if slot.expires > now => {
                 if slot.fingerprint != req.fingerprint {
@@ -359,8 +362,7 @@ impl Store for MemoryStore {
         lease: &Lease,
         ttl: Duration,
     ) -> Result<(), StoreError> {
-        let now = self.inner.clock.now();
-        let (mut shard, h) = self.shard(key);
+        let (mut shard, h, now) = self.shard(key);
         match shard.map.get_mut(h, key.as_str()) {
             Some(Entry::Record(slot))
                 if slot.owned_by(lease)
@@ -380,8 +382,7 @@ impl Store for MemoryStore {
         lease: &Lease,
         completion: &Completion,
     ) -> Result<(), StoreError> {
-        let now = self.inner.clock.now();
-        let (mut shard, h) = self.shard(key);
+        let (mut shard, h, now) = self.shard(key);
         match shard.map.get_mut(h, key.as_str()) {
             Some(Entry::Record(slot)) if slot.owned_by(lease) => match slot.state {
                 State::Reserved if slot.expires > now => {
@@ -402,8 +403,7 @@ impl Store for MemoryStore {
     }
 
     async fn release(&self, key: &StorageKey, lease: &Lease) -> Result<(), StoreError> {
-        let now = self.inner.clock.now();
-        let (mut shard, h) = self.shard(key);
+        let (mut shard, h, now) = self.shard(key);
         match shard.map.get_mut(h, key.as_str()) {
             Some(Entry::Record(slot))
                 if slot.owned_by(lease)
@@ -424,12 +424,11 @@ impl Store for MemoryStore {
         seen: FencingToken,
         timeout: Duration,
     ) -> Result<(), StoreError> {
-        let now = self.inner.clock.now();
         let notify: Arc<Notify>;
         let notified;
         let until;
         {
-            let (mut shard, h) = self.shard(key);
+            let (mut shard, h, now) = self.shard(key);
             match shard.map.get_mut(h, key.as_str()) {
                 Some(Entry::Record(slot))
                     if slot.fencing == seen
@@ -451,8 +450,7 @@ impl Store for MemoryStore {
     }
 
     async fn get(&self, key: &StorageKey) -> Result<Option<Record>, StoreError> {
-        let now = self.inner.clock.now();
-        let (shard, h) = self.shard(key);
+        let (shard, h, now) = self.shard(key);
         let clock = &self.inner.clock;
         match shard.map.get(h, key.as_str()) {
             Some(Entry::Record(slot)) if slot.expires > now => Ok(Some(Record {
@@ -502,7 +500,7 @@ impl RawStore for MemoryStore {
             }
             Err(_) => Entry::Foreign { bytes, expires },
         };
-        let (mut shard, h) = self.shard(key);
+        let (mut shard, h, _) = self.shard(key);
         shard.sweep_if_due(now);
         if let Some(Entry::Record(mut old)) =
             shard.map.insert(h, key.as_str(), entry, &self.inner.hasher)
@@ -513,7 +511,7 @@ impl RawStore for MemoryStore {
     }
 
     async fn purge(&self, key: &StorageKey) -> Result<bool, StoreError> {
-        let (mut shard, h) = self.shard(key);
+        let (mut shard, h, _) = self.shard(key);
         match shard.map.remove(h, key.as_str()) {
             Some(Entry::Record(mut old)) => {
                 old.wake_waiters();
