@@ -83,6 +83,11 @@ pub struct Row {
     /// Redis CPU per call in µs, from `INFO commandstats` deltas: the scripts' time (which
     /// includes the commands they run) or, for a case without scripts, all its commands.
     pub redis_usec_per_call: f64,
+    /// All of Redis' CPU per call in µs (`INFO cpu`: user + system, main thread and
+    /// background): the scripts plus reading, parsing and answering the commands.
+    pub redis_cpu_usec_per_call: f64,
+    /// Redis' CPU over the case's wall time: near 100% means Redis was the bottleneck.
+    pub redis_busy: f64,
 }
 
 /// The whole report.
@@ -162,6 +167,7 @@ impl Bench {
     {
         let commands_per_call = self.count_commands(20, call.clone()).await?;
         let before = commandstats(&self.raw).await?;
+        let cpu_before = redis_cpu(&self.raw).await?;
         let per_task = ops.div_ceil(concurrency);
         let started = Instant::now();
         let tasks: Vec<_> = (0..concurrency)
@@ -183,6 +189,7 @@ impl Bench {
             lat.extend(t.await.map_err(|e| e.to_string())?);
         }
         let elapsed = started.elapsed();
+        let cpu = redis_cpu(&self.raw).await? - cpu_before;
         let after = commandstats(&self.raw).await?;
         lat.sort();
         let calls = lat.len() as f64;
@@ -213,6 +220,8 @@ impl Bench {
             p99: lat[lat.len() * 99 / 100],
             commands_per_call,
             redis_usec_per_call: usec as f64 / calls,
+            redis_cpu_usec_per_call: cpu * 1e6 / calls,
+            redis_busy: cpu / elapsed.as_secs_f64(),
         })
     }
 
@@ -385,15 +394,34 @@ async fn action() -> Result<u32, Infallible> {
     Ok(1)
 }
 
+/// One section of `INFO`.
+async fn info(conn: &MultiplexedConnection, section: &str) -> Result<String, String> {
+    redis::cmd("INFO")
+        .arg(section)
+        .query_async(&mut conn.clone())
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// Redis' CPU seconds so far (`used_cpu_user` + `used_cpu_sys`).
+async fn redis_cpu(conn: &MultiplexedConnection) -> Result<f64, String> {
+    Ok(info(conn, "cpu")
+        .await?
+        .lines()
+        .filter_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            matches!(name, "used_cpu_user" | "used_cpu_sys")
+                .then(|| value.trim().parse::<f64>().ok())
+                .flatten()
+        })
+        .sum())
+}
+
 type Stats = HashMap<String, (u64, u64)>;
 
 /// `cmdstat_<name>:calls=..,usec=..` → name → (calls, usec).
 async fn commandstats(conn: &MultiplexedConnection) -> Result<Stats, String> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn.clone())
-        .await
-        .map_err(|e| e.to_string())?;
+    let info = info(conn, "commandstats").await?;
     let mut out = HashMap::new();
     for line in info.lines() {
         let Some(rest) = line.strip_prefix("cmdstat_") else {
@@ -460,20 +488,22 @@ impl std::fmt::Display for Report {
         writeln!(f, "client runtime: {} tokio worker thread(s)", self.workers)?;
         writeln!(
             f,
-            "{:<26}{:>5}{:>12}{:>10}{:>10}{:>10}{:>12}",
-            "case", "conc", "ops/s", "p50 µs", "p99 µs", "cmd/call", "redis µs"
+            "{:<26}{:>5}{:>12}{:>10}{:>10}{:>10}{:>12}{:>11}{:>7}",
+            "case", "conc", "ops/s", "p50 µs", "p99 µs", "cmd/call", "cmd µs", "redis cpu", "busy"
         )?;
         for r in &self.rows {
             writeln!(
                 f,
-                "{:<26}{:>5}{:>12.0}{:>10.1}{:>10.1}{:>10.2}{:>12.2}",
+                "{:<26}{:>5}{:>12.0}{:>10.1}{:>10.1}{:>10.2}{:>12.2}{:>11.2}{:>6.0}%",
                 r.case,
                 r.concurrency,
                 r.ops_per_sec,
                 r.p50.as_secs_f64() * 1e6,
                 r.p99.as_secs_f64() * 1e6,
                 r.commands_per_call,
-                r.redis_usec_per_call
+                r.redis_usec_per_call,
+                r.redis_cpu_usec_per_call,
+                r.redis_busy * 100.0
             )?;
         }
         let pct =

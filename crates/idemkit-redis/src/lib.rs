@@ -45,24 +45,53 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{
     Cmd, IntoConnectionInfo, Pipeline, ProtocolVersion, PushInfo, PushKind, RedisError,
-    RedisFuture, Script, Value,
+    RedisFuture, RedisWrite, Script, ToRedisArgs, Value,
 };
 use tokio::sync::Notify;
 
 mod scripts {
     use super::*;
 
-    macro_rules! script {
+    /// One of our Lua scripts: its SHA for `EVALSHA`, and its source for `SCRIPT LOAD` when
+    /// the server does not know it (after a restart).
+    pub(crate) struct Lua {
+        pub(crate) script: Script,
+        pub(crate) source: String,
+    }
+
+    impl Lua {
+        fn new(source: &str) -> Self {
+            Lua {
+                script: Script::new(source),
+                source: source.to_owned(),
+            }
+        }
+
+        /// The Cluster variant of a script that wakes waiters: sharded pub/sub (`SPUBLISH`),
+        /// whose channel lives in the key's slot. Scripts name the command literally
+        /// rather than taking it as an argument: every argument costs Redis time.
+        fn sharded(source: &str) -> Self {
+            assert!(source.contains("'PUBLISH'"), "a script that publishes");
+            Lua::new(&source.replace("'PUBLISH'", "'SPUBLISH'"))
+        }
+    }
+
+    macro_rules! lua {
         ($file:literal) => {
-            LazyLock::new(|| Script::new(include_str!($file)))
+            LazyLock::new(|| Lua::new(include_str!($file)))
+        };
+        (sharded $file:literal) => {
+            LazyLock::new(|| Lua::sharded(include_str!($file)))
         };
     }
 
-    pub(crate) static BEGIN: LazyLock<Script> = script!("../lua/begin.lua");
-    pub(crate) static RENEW: LazyLock<Script> = script!("../lua/renew.lua");
-    pub(crate) static COMPLETE: LazyLock<Script> = script!("../lua/complete.lua");
-    pub(crate) static RELEASE: LazyLock<Script> = script!("../lua/release.lua");
-    pub(crate) static WATCH: LazyLock<Script> = script!("../lua/watch.lua");
+    pub(crate) static BEGIN: LazyLock<Lua> = lua!("../lua/begin.lua");
+    pub(crate) static RENEW: LazyLock<Lua> = lua!("../lua/renew.lua");
+    pub(crate) static COMPLETE: LazyLock<Lua> = lua!("../lua/complete.lua");
+    pub(crate) static COMPLETE_SHARDED: LazyLock<Lua> = lua!(sharded "../lua/complete.lua");
+    pub(crate) static RELEASE: LazyLock<Lua> = lua!("../lua/release.lua");
+    pub(crate) static RELEASE_SHARDED: LazyLock<Lua> = lua!(sharded "../lua/release.lua");
+    pub(crate) static WATCH: LazyLock<Lua> = lua!("../lua/watch.lua");
 }
 
 /// A store on Redis. Cheap to clone: clones share the connection and the waiter registry.
@@ -398,6 +427,21 @@ impl RedisStore {
         format!("{redis_key}:wake")
     }
 
+    /// The variants of the scripts that wake waiters, for this deployment.
+    fn complete_script(&self) -> &'static scripts::Lua {
+        match self.conn {
+            Conn::Single(_) => &scripts::COMPLETE,
+            Conn::Cluster(_) => &scripts::COMPLETE_SHARDED,
+        }
+    }
+
+    fn release_script(&self) -> &'static scripts::Lua {
+        match self.conn {
+            Conn::Single(_) => &scripts::RELEASE,
+            Conn::Cluster(_) => &scripts::RELEASE_SHARDED,
+        }
+    }
+
     fn publish_command(&self) -> &'static str {
         match self.conn {
             Conn::Single(_) => "PUBLISH",
@@ -440,19 +484,22 @@ impl RedisStore {
         }
     }
 
-    /// `EVALSHA` of `script` on `rkey` with `args`: one round trip. After a server restart
+    /// `EVALSHA` of `lua` on `rkey` with `args`: one round trip. After a server restart
     /// (`NOSCRIPT`) the script is loaded and the call sent again. Built as one command
     /// rather than through `Script::invoke_async`, which copies every argument twice.
     async fn eval<T: redis::FromRedisValue>(
         &self,
-        script: &Script,
+        lua: &scripts::Lua,
         rkey: &str,
         args: impl FnOnce(&mut Cmd),
     ) -> Result<T, StoreError> {
-        // Sized for the largest call (complete: key, six arguments and the result), so the
-        // argument buffer is rarely grown while writing.
+        // Sized for the largest call (complete: the key, three arguments, one of them the
+        // result), so the argument buffer is rarely grown while writing.
         let mut cmd = Cmd::with_capacity(10, 128 + 2 * rkey.len());
-        cmd.arg("EVALSHA").arg(script.get_hash()).arg(1).arg(rkey);
+        cmd.arg("EVALSHA")
+            .arg(lua.script.get_hash())
+            .arg(1)
+            .arg(rkey);
         args(&mut cmd);
         let mut conn = self.conn.clone();
         match cmd.query_async(&mut conn).await {
@@ -461,7 +508,7 @@ impl RedisStore {
                 // On a Cluster redis-rs sends SCRIPT LOAD to every primary.
                 redis::cmd("SCRIPT")
                     .arg("LOAD")
-                    .arg(script_source(script))
+                    .arg(&lua.source)
                     .query_async::<String>(&mut conn)
                     .await
                     .map_err(map_err)?;
@@ -472,20 +519,39 @@ impl RedisStore {
     }
 }
 
-/// The source of one of our scripts, by identity.
-fn script_source(script: &Script) -> &'static str {
-    let sources: [(&Script, &'static str); 5] = [
-        (&scripts::BEGIN, include_str!("../lua/begin.lua")),
-        (&scripts::RENEW, include_str!("../lua/renew.lua")),
-        (&scripts::COMPLETE, include_str!("../lua/complete.lua")),
-        (&scripts::RELEASE, include_str!("../lua/release.lua")),
-        (&scripts::WATCH, include_str!("../lua/watch.lua")),
-    ];
-    sources
-        .iter()
-        .find(|(s, _)| std::ptr::eq(*s, script))
-        .map(|(_, src)| *src)
-        .expect("one of our scripts")
+/// `begin.lua`'s first argument: the new record's flags byte and owner token, built here so
+/// the script copies them in one piece.
+struct OwnerWithFlags {
+    owner: u128,
+    fingerprint: bool,
+}
+
+impl ToRedisArgs for OwnerWithFlags {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let mut arg = [0u8; 17];
+        arg[0] = u8::from(self.fingerprint);
+        arg[1..].copy_from_slice(&self.owner.to_be_bytes());
+        out.write_arg(&arg);
+    }
+}
+
+/// `complete.lua`'s outcome argument: the completed record's tail (kind, length, bytes),
+/// written straight into the command without an intermediate buffer.
+struct RecordTail<'a>(&'a Completion);
+
+impl ToRedisArgs for RecordTail<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        use std::io::Write as _;
+        let Completion { kind, bytes, .. } = self.0;
+        // The record format's length field is 32 bits; the coordinator refuses results over
+        // its limit (1 MiB by default) long before.
+        let len = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
+        let mut w = out.writer_for_next_arg();
+        // Writing into the command's own buffer cannot fail.
+        let _ = w.write_all(&[kind.to_byte()]);
+        let _ = w.write_all(&len.to_be_bytes());
+        let _ = w.write_all(bytes);
+    }
 }
 
 /// Clears the Redis-only "watched" flag of a reservation (see `lua/begin.lua`) so that the
@@ -579,9 +645,12 @@ impl Store for RedisStore {
         let fingerprint = req.fingerprint.map(|f| f.to_bytes());
         let reply: Value = self
             .eval(&scripts::BEGIN, &rkey, |cmd| {
-                cmd.arg(&req.owner.as_u128().to_be_bytes()[..])
-                    .arg(ms(req.lease))
-                    .arg(fingerprint.as_ref().map_or(&[][..], |f| &f[..]));
+                cmd.arg(OwnerWithFlags {
+                    owner: req.owner.as_u128(),
+                    fingerprint: fingerprint.is_some(),
+                })
+                .arg(ms(req.lease))
+                .arg(fingerprint.as_ref().map_or(&[][..], |f| &f[..]));
             })
             .await?;
         match reply {
@@ -651,15 +720,11 @@ impl Store for RedisStore {
         completion: &Completion,
     ) -> Result<(), StoreError> {
         let rkey = self.redis_key(key);
-        let channel = self.channel(&rkey);
         let done: i64 = self
-            .eval(&scripts::COMPLETE, &rkey, |cmd| {
+            .eval(self.complete_script(), &rkey, |cmd| {
                 cmd.arg(&lease.owner.as_u128().to_be_bytes()[..])
-                    .arg(&[completion.kind.to_byte()][..])
                     .arg(ms(completion.ttl))
-                    .arg(&completion.bytes[..])
-                    .arg(channel)
-                    .arg(self.publish_command());
+                    .arg(RecordTail(completion));
             })
             .await?;
         if done != 1 {
@@ -670,12 +735,9 @@ impl Store for RedisStore {
 
     async fn release(&self, key: &StorageKey, lease: &Lease) -> Result<(), StoreError> {
         let rkey = self.redis_key(key);
-        let channel = self.channel(&rkey);
         let done: i64 = self
-            .eval(&scripts::RELEASE, &rkey, |cmd| {
-                cmd.arg(&lease.owner.as_u128().to_be_bytes()[..])
-                    .arg(channel)
-                    .arg(self.publish_command());
+            .eval(self.release_script(), &rkey, |cmd| {
+                cmd.arg(&lease.owner.as_u128().to_be_bytes()[..]);
             })
             .await?;
         if done == 1 {
@@ -741,6 +803,11 @@ impl Store for RedisStore {
             Some(mut b) if !is_tombstone(&b) => {
                 clear_watched(&mut b);
                 let mut record = decode(&b)?;
+                // Redis writes no creation time (see `lua/begin.lua`): it is the fencing
+                // token's, which is Redis' clock in microseconds at the reservation.
+                if record.created_at_ms == 0 {
+                    record.created_at_ms = record.fencing.get() / 1000;
+                }
                 record.expires_at_ms = secs * 1000 + micros / 1000 + pttl.max(0) as u64;
                 Ok(Some(record))
             }
