@@ -149,13 +149,14 @@ fn main() -> ExitCode {
         eprintln!("idemkit-bench: cannot start the runtime");
         return ExitCode::FAILURE;
     };
-    let result = runtime.block_on(async {
-        let mut report = bench::run(&args.bench.store, args.bench.ops, args.bench.workers).await?;
-        report
-            .rows
-            .extend(peers(&args.bench.store, args.bench.ops).await?);
-        Ok::<_, String>(report)
-    });
+    let args = &args.bench;
+    // One round is idemkit's cases then the peers'; rounds alternate, so a slow spell of the
+    // machine falls on every library rather than on one.
+    let result = runtime.block_on(bench::rounds(args.rounds, || async {
+        let mut report = bench::run(&args.store, args.ops, args.workers).await?;
+        report.rows.extend(peers(&args.store, args.ops).await?);
+        Ok(report)
+    }));
     match result {
         Ok(report) => {
             print!("{report}");

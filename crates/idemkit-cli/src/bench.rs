@@ -36,6 +36,11 @@ pub struct BenchArgs {
     /// the second core to Redis.
     #[arg(long, default_value_t = 1)]
     pub workers: usize,
+    /// Rounds: every case runs this many times, the cases of one round after another, and
+    /// each row reports the round with the median throughput. On a noisy machine one
+    /// round can be off by a quarter; interleaved rounds keep the comparison fair.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
 }
 
 /// The client runtime a benchmark runs on: a current-thread runtime for `workers <= 1`
@@ -95,6 +100,8 @@ pub struct Row {
 pub struct Report {
     /// Tokio worker threads the client ran on.
     pub workers: usize,
+    /// Rounds folded into this report (see [`Report::median_of`]).
+    pub rounds: usize,
     /// The throughput and latency rows.
     pub rows: Vec<Row>,
     /// Waiter wake-up latencies, sorted.
@@ -385,9 +392,84 @@ pub async fn run(url: &str, ops: usize, workers: usize) -> Result<Report, String
     let wakeups = wakeups(&coordinator, &op, 50).await?;
     Ok(Report {
         workers,
+        rounds: 1,
         rows,
         wakeups,
     })
+}
+
+/// Runs `round` `rounds` times (at least once), one after another, and folds the reports
+/// with [`Report::median_of`].
+///
+/// # Errors
+///
+/// The first round that fails.
+///
+/// # Example
+///
+/// ```no_run
+/// # async fn run() -> Result<(), String> {
+/// use idemkit_cli::bench;
+/// let report = bench::rounds(3, || bench::run("redis://127.0.0.1:6379", 10_000, 1)).await?;
+/// println!("{report}");
+/// # Ok(()) }
+/// ```
+pub async fn rounds<F, Fut>(rounds: usize, mut round: F) -> Result<Report, String>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Report, String>>,
+{
+    let mut reports = Vec::with_capacity(rounds.max(1));
+    for _ in 0..rounds.max(1) {
+        reports.push(round().await?);
+    }
+    Ok(Report::median_of(reports).expect("at least one round"))
+}
+
+impl Report {
+    /// Folds rounds of the same cases into one report: for each row, the round with the
+    /// median throughput (its latencies and counts with it), and all wake-up trials.
+    /// `None` without rounds.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idemkit_cli::bench::{Report, Row};
+    ///
+    /// let round = |ops_per_sec| Report {
+    ///     workers: 1,
+    ///     rounds: 1,
+    ///     rows: vec![Row {
+    ///         case: "hit", concurrency: 64, ops_per_sec,
+    ///         p50: Duration::ZERO, p99: Duration::ZERO, commands_per_call: 1.0,
+    ///         redis_usec_per_call: 0.0, redis_cpu_usec_per_call: 0.0, redis_busy: 0.0,
+    ///     }],
+    ///     wakeups: vec![Duration::from_micros(ops_per_sec as u64)],
+    /// };
+    /// let report = Report::median_of(vec![round(3.0), round(1.0), round(2.0)]).unwrap();
+    /// assert_eq!((report.rounds, report.rows[0].ops_per_sec), (3, 2.0));
+    /// assert_eq!(report.wakeups.len(), 3);
+    /// ```
+    pub fn median_of(rounds: Vec<Report>) -> Option<Report> {
+        let first = rounds.first()?;
+        let (workers, n) = (first.workers, rounds.len());
+        let rows = (0..first.rows.len())
+            .map(|i| {
+                let mut of_case: Vec<&Row> = rounds.iter().filter_map(|r| r.rows.get(i)).collect();
+                of_case.sort_by(|a, b| a.ops_per_sec.total_cmp(&b.ops_per_sec));
+                of_case[of_case.len() / 2].clone()
+            })
+            .collect();
+        let mut wakeups: Vec<Duration> = rounds.into_iter().flat_map(|r| r.wakeups).collect();
+        wakeups.sort();
+        Some(Report {
+            workers,
+            rounds: n,
+            rows,
+            wakeups,
+        })
+    }
 }
 
 async fn action() -> Result<u32, Infallible> {
@@ -485,7 +567,11 @@ async fn wakeups(
 
 impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(f, "client runtime: {} tokio worker thread(s)", self.workers)?;
+        writeln!(
+            f,
+            "client runtime: {} tokio worker thread(s); each row the median of {} round(s)",
+            self.workers, self.rounds
+        )?;
         writeln!(
             f,
             "{:<26}{:>5}{:>12}{:>10}{:>10}{:>10}{:>12}{:>11}{:>7}",

@@ -55,7 +55,10 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Bench(args) => {
-            match runtime.block_on(idemkit_cli::bench::run(&args.store, args.ops, args.workers)) {
+            let report = idemkit_cli::bench::rounds(args.rounds, || {
+                idemkit_cli::bench::run(&args.store, args.ops, args.workers)
+            });
+            match runtime.block_on(report) {
                 Ok(report) => {
                     print!("{report}");
                     ExitCode::SUCCESS
