@@ -543,8 +543,8 @@ impl ToRedisArgs for RecordTail<'_> {
     fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
         use std::io::Write as _;
         let Completion { kind, bytes, .. } = self.0;
-        // The record format's length field is 32 bits; the coordinator refuses results over
-        // its limit (1 MiB by default) long before.
+        // The record format's length field is 32 bits; `complete` refuses larger results
+        // before building the command.
         let len = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
         let mut w = out.writer_for_next_arg();
         // Writing into the command's own buffer cannot fail.
@@ -719,6 +719,13 @@ impl Store for RedisStore {
         lease: &Lease,
         completion: &Completion,
     ) -> Result<(), StoreError> {
+        if u32::try_from(completion.bytes.len()).is_err() {
+            // The record's length field is 32 bits (and Redis refuses values over 512 MB).
+            return Err(StoreError::new(
+                StoreErrorKind::Rejected,
+                "a result of 4 GiB or more cannot be stored",
+            ));
+        }
         let rkey = self.redis_key(key);
         let done: i64 = self
             .eval(self.complete_script(), &rkey, |cmd| {
