@@ -14,7 +14,7 @@ use idemkit_core::{
     MemoryStore, OnStoreError, Operation, Policy, RawStore, Source, StorageKey, Store,
     StoreErrorKind,
 };
-use idemkit_test::{Fault, Probe};
+use idemkit_test::{Fault, Mailer, Probe, assert_fails_closed_then_open};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use proptest::prelude::*;
 use tokio::sync::{Barrier, Notify};
@@ -26,26 +26,6 @@ fn op() -> Operation {
 
 fn key(k: &str) -> Key {
     Key::new(k).unwrap()
-}
-
-/// An action that counts its runs and returns a receipt numbered by run: `em_1`, `em_2`...
-#[derive(Clone, Default)]
-struct Mailer {
-    sent: Arc<AtomicUsize>,
-}
-
-impl Mailer {
-    fn sent(&self) -> usize {
-        self.sent.load(Ordering::SeqCst)
-    }
-
-    async fn send(&self, delay: Duration) -> Result<String, Infallible> {
-        let n = self.sent.fetch_add(1, Ordering::SeqCst) + 1;
-        if !delay.is_zero() {
-            sleep(delay).await;
-        }
-        Ok(format!("em_{n}"))
-    }
 }
 
 fn counter(snapshotter: &Snapshotter, name: &str) -> u64 {
@@ -593,26 +573,7 @@ fn fail_closed_runs_nothing_and_fail_open_runs_unprotected_and_counts() {
         rt.block_on(async {
             let store = Probe::new(MemoryStore::new());
             store.fail(Fault::Begin, true);
-            let mailer = Mailer::default();
-
-            let closed = Coordinator::new(store.clone());
-            let r = closed
-                .call(&op(), &key("k"))
-                .run(|_| mailer.send(Duration::ZERO))
-                .await;
-            assert_eq!(r.unwrap_err().kind(), ErrorKind::StoreUnavailable);
-            assert_eq!(mailer.sent(), 0);
-
-            let open = Coordinator::builder(store.clone())
-                .policy(Policy::default().on_store_error(OnStoreError::FailOpen))
-                .build();
-            let r = open
-                .call(&op(), &key("k"))
-                .run(|_| mailer.send(Duration::ZERO))
-                .await
-                .unwrap();
-            assert_eq!(r.source, Source::Unprotected);
-            assert_eq!(mailer.sent(), 1);
+            assert_fails_closed_then_open(store).await;
         });
     });
     assert_eq!(

@@ -7,14 +7,11 @@ use std::convert::Infallible;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idemkit_core::{
-    Coordinator, ErrorKind, InFlight, Key, OnStoreError, Operation, Policy, Source, Store,
-};
+use idemkit_core::{Coordinator, ErrorKind, InFlight, Key, Operation, Policy, Source, Store};
 use idemkit_redis::RedisStore;
-use idemkit_test::{Fault, Probe};
+use idemkit_test::{Fault, Mailer, Probe, assert_fails_closed_then_open};
 use support::RedisProcess;
 
 fn op() -> Operation {
@@ -23,21 +20,6 @@ fn op() -> Operation {
 
 fn key(k: &str) -> Key {
     Key::new(k).unwrap()
-}
-
-#[derive(Clone, Default)]
-struct Mailer(Arc<AtomicUsize>);
-
-impl Mailer {
-    async fn send(&self, delay: Duration) -> Result<String, Infallible> {
-        let n = self.0.fetch_add(1, Ordering::SeqCst) + 1;
-        tokio::time::sleep(delay).await;
-        Ok(format!("em_{n}"))
-    }
-
-    fn sent(&self) -> usize {
-        self.0.load(Ordering::SeqCst)
-    }
 }
 
 /// The commands clients sent to a server while `f` ran, as Redis' MONITOR reports them
@@ -184,26 +166,8 @@ async fn with_the_server_down_fail_closed_runs_nothing_and_fail_open_runs_and_co
         .await
         .unwrap();
     server.stop();
-    let mailer = Mailer::default();
-
+    assert_fails_closed_then_open(store.clone()).await;
     let closed = Coordinator::new(store.clone());
-    let r = closed
-        .call(&op(), &key("k"))
-        .run(|_| mailer.send(Duration::ZERO))
-        .await;
-    assert_eq!(r.unwrap_err().kind(), ErrorKind::StoreUnavailable);
-    assert_eq!(mailer.sent(), 0);
-
-    let open = Coordinator::builder(store.clone())
-        .policy(Policy::default().on_store_error(OnStoreError::FailOpen))
-        .build();
-    let r = open
-        .call(&op(), &key("k"))
-        .run(|_| mailer.send(Duration::ZERO))
-        .await
-        .unwrap();
-    assert_eq!(r.source, Source::Unprotected);
-    assert_eq!(mailer.sent(), 1);
 
     // Back up: the same store handle reconnects and protects again.
     server.restart();

@@ -33,9 +33,11 @@ use std::time::Duration;
 
 use idemkit_core::{Key, Operation, RawStore, StorageKey};
 
+mod effects;
 mod probe;
 pub mod suite;
 
+pub use effects::{Mailer, assert_fails_closed_then_open};
 pub use probe::{Fault, Probe, ProbeCounts};
 
 /// What the conformance suite needs from a store under test.
