@@ -16,12 +16,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use clap::Parser;
-use idemkit_cli::bench::{self, Bench, Row};
+mod measure;
+
+use measure::{Bench, Row};
 
 #[derive(Debug, Parser)]
 struct Args {
     #[command(flatten)]
-    bench: bench::BenchArgs,
+    bench: measure::BenchArgs,
 }
 
 const TTL: Duration = Duration::from_secs(60);
@@ -144,7 +146,7 @@ async fn idem_call(
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let built = idemkit_cli::bench::runtime(args.bench.workers);
+    let built = measure::runtime(args.bench.workers);
     let Ok(runtime) = built else {
         eprintln!("idemkit-bench: cannot start the runtime");
         return ExitCode::FAILURE;
@@ -152,8 +154,8 @@ fn main() -> ExitCode {
     let args = &args.bench;
     // One round is idemkit's cases then the peers'; rounds alternate, so a slow spell of the
     // machine falls on every library rather than on one.
-    let result = runtime.block_on(bench::rounds(args.rounds, || async {
-        let mut report = bench::run(&args.store, args.ops, args.workers).await?;
+    let result = runtime.block_on(measure::rounds(args.rounds, || async {
+        let mut report = measure::run(&args.store, args.ops, args.workers).await?;
         report.rows.extend(peers(&args.store, args.ops).await?);
         Ok(report)
     }));

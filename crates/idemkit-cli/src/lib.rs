@@ -1,9 +1,7 @@
 //! The `idemkit` command's logic, kept in a library so it can be tested without a process.
 //!
-//! - [`bench`](mod@bench) measures idemkit on Redis against the raw round-trip floor.
 //! - [`demo`] runs the seed's three experiments on any store.
 //! - [`queue`] is the in-process at-least-once queue the demo runs on.
 
-pub mod bench;
 pub mod demo;
 pub mod queue;

@@ -1,4 +1,4 @@
-//! `idemkit`: the seed's demo, and operator tools.
+//! `idemkit`: the seed's demo (operator tools follow).
 //!
 //! Run with: `cargo run --release --bin idemkit -- demo`
 
@@ -27,8 +27,6 @@ enum Command {
         #[arg(long, default_value = "memory")]
         store: String,
     },
-    /// Measure idemkit on Redis against the raw round-trip floor, in one run.
-    Bench(idemkit_cli::bench::BenchArgs),
 }
 
 /// A run id component: distinct demo runs must not share keys.
@@ -41,12 +39,12 @@ fn nanos() -> u64 {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // The demo runs its workers on two threads; the benchmark on what it is asked for.
-    let workers = match &cli.command {
-        Command::Bench(args) => args.workers,
-        Command::Demo { .. } => 2,
-    };
-    let runtime = match idemkit_cli::bench::runtime(workers) {
+    // The demo runs its workers on two threads.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build();
+    let runtime = match runtime {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("idemkit: cannot start the runtime: {e}");
@@ -54,21 +52,6 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Bench(args) => {
-            let report = idemkit_cli::bench::rounds(args.rounds, || {
-                idemkit_cli::bench::run(&args.store, args.ops, args.workers)
-            });
-            match runtime.block_on(report) {
-                Ok(report) => {
-                    print!("{report}");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("idemkit: bench failed: {e}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
         Command::Demo { store } => match store.as_str() {
             "memory" => {
                 let report = runtime.block_on(idemkit_cli::demo::run(MemoryStore::new));

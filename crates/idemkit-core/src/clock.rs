@@ -2,7 +2,7 @@
 //!
 //! Leases and TTLs are measured on [`tokio::time::Instant`], so tests can pause and advance
 //! time (`tokio::time::pause`) instead of sleeping. Records also carry wall-clock timestamps
-//! for people (`created`, `expires` in `idemkit inspect`); [`Clock`] derives those from the
+//! for people (`created`, `expires`, as `Store::get` reports them); [`Clock`] derives those from the
 //! same monotonic instant, so a paused test sees consistent wall times too.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

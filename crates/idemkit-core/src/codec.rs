@@ -58,3 +58,41 @@ impl<T: Serialize + DeserializeOwned> Codec<T> for JsonCodec {
         Ok(serde_json::from_slice(bytes)?)
     }
 }
+
+/// Raw bytes, stored as they are: for response bodies and payloads that are already bytes
+/// (`JsonCodec` would store a `Vec<u8>` as a JSON array of numbers).
+///
+/// # Example
+///
+/// ```
+/// use bytes::Bytes;
+/// use idemkit_core::{BytesCodec, Codec};
+///
+/// let body = Bytes::from_static(b"\x00\xffbody");
+/// assert_eq!(BytesCodec.encode(&body)?, b"\x00\xffbody");
+/// let back: Vec<u8> = BytesCodec.decode(b"abc")?;
+/// assert_eq!(back, b"abc");
+/// # Ok::<(), idemkit_core::BoxError>(())
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BytesCodec;
+
+impl Codec<Vec<u8>> for BytesCodec {
+    fn encode(&self, value: &Vec<u8>) -> Result<Vec<u8>, BoxError> {
+        Ok(value.clone())
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Result<Vec<u8>, BoxError> {
+        Ok(bytes.to_vec())
+    }
+}
+
+impl Codec<bytes::Bytes> for BytesCodec {
+    fn encode(&self, value: &bytes::Bytes) -> Result<Vec<u8>, BoxError> {
+        Ok(value.to_vec())
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Result<bytes::Bytes, BoxError> {
+        Ok(bytes::Bytes::copy_from_slice(bytes))
+    }
+}

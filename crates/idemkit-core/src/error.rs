@@ -60,18 +60,8 @@ impl fmt::Display for Phase {
     }
 }
 
-/// What a call's error means for its caller; one `match` decides retry, requeue or give up.
-///
-/// | kind | queue worker | HTTP |
-/// |---|---|---|
-/// | `InvalidInput` | dead-letter | 400 |
-/// | `InFlight` | requeue after `retry_after` | 409 + `Retry-After` |
-/// | `KeyReused` | dead-letter | 422 |
-/// | `Action` | the action's own policy | the action's own mapping |
-/// | `ResultUnavailable` | ack (the effect happened) | 500 |
-/// | `Decode` | dead-letter, alert | 500 |
-/// | `StoreUnavailable` | requeue | 503 |
-/// | `Store` | dead-letter, alert | 500 |
+/// What a call's error means for its caller, by kind. [`Error::disposition`] turns it into
+/// one decision for a transport, and [`Error::http_status`] into a status code.
 ///
 /// # Example
 ///
@@ -79,7 +69,7 @@ impl fmt::Display for Phase {
 /// use std::time::Duration;
 /// use idemkit_core::{Error, ErrorKind};
 ///
-/// let e: Error<std::io::Error> = Error::InFlight { retry_after: Duration::from_secs(2) };
+/// let e: Error<std::io::Error> = Error::in_flight(Duration::from_secs(2));
 /// assert_eq!(e.kind(), ErrorKind::InFlight);
 /// assert!(e.is_retryable());
 /// ```
@@ -88,6 +78,8 @@ impl fmt::Display for Phase {
 pub enum ErrorKind {
     /// The operation, key or scope is invalid.
     InvalidInput,
+    /// The call's policy cannot work (a zero TTL, a lease under 3 ms).
+    Config,
     /// Another caller holds the key.
     InFlight,
     /// The key was used before for a different request.
@@ -98,15 +90,62 @@ pub enum ErrorKind {
     ResultUnavailable,
     /// A stored result does not decode.
     Decode,
-    /// The store was unreachable (fail-closed).
+    /// The store was unreachable or did not answer in time (fail-closed).
     StoreUnavailable,
     /// Any other store failure: a corrupt or foreign record, a refused request.
     Store,
 }
 
+/// What a transport should do with the message or request whose call failed: the one
+/// decision every integration reads (queue and Kafka runners, the HTTP layer).
+///
+/// | error | disposition | HTTP status |
+/// |---|---|---|
+/// | [`Error::InvalidKey`] | `DeadLetter` | 400 |
+/// | [`Error::Config`] | `DeadLetter` | 500 |
+/// | [`Error::InFlight`] | `Retry { after: Some(retry_after) }` | 409 + `Retry-After` |
+/// | [`Error::KeyReused`] | `DeadLetter` | 422 |
+/// | [`Error::Action`] (key released) | `Retry { after: None }` | the action's own |
+/// | [`Error::ActionStored`], [`Error::ReplayedAction`] | `DeadLetter` | the action's own |
+/// | [`Error::ResultUnavailable`] | `Ack` (the effect happened) | 500 |
+/// | [`Error::Decode`] | `DeadLetter` | 500 |
+/// | [`Error::Store`], store unavailable | `Retry { after: None }` | 503 |
+/// | [`Error::Store`], any other store error | `DeadLetter` | 500 |
+///
+/// `Ack` means acknowledge (commit the offset): nothing is left to do. `Retry` means
+/// deliver again (requeue, nack with a delay, seek back) after `after` if given, else after
+/// the transport's own backoff. `DeadLetter` means retrying the same message cannot succeed:
+/// park it for a person (an HTTP server answers the error status).
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use idemkit_core::{Disposition, Error};
+///
+/// let e = Error::<std::io::Error>::in_flight(Duration::from_millis(300));
+/// assert_eq!(e.disposition(), Disposition::Retry { after: Some(Duration::from_millis(300)) });
+/// assert_eq!(Error::<std::io::Error>::KeyReused.disposition(), Disposition::DeadLetter);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Disposition {
+    /// Acknowledge: the effect happened, nothing is left to do.
+    Ack,
+    /// Deliver again, after this long if given.
+    Retry {
+        /// When to come back, if the error says.
+        after: Option<Duration>,
+    },
+    /// Retrying cannot help: dead-letter (or answer the error, over HTTP).
+    DeadLetter,
+}
+
 /// Why a call did not return the action's value.
 ///
-/// `E` is the action's own error type.
+/// `E` is the action's own error type. `Error<E>` displays for every `E` (the action's own
+/// error is not part of the message: it is the error's [`source`](StdError::source) when `E`
+/// is an error type, and [`Error::into_action_error`] returns it).
 ///
 /// # Example
 ///
@@ -125,19 +164,34 @@ pub enum ErrorKind {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error<E> {
-    /// An operation, key or scope failed validation; nothing ran.
+    /// An operation, key or scope failed validation; nothing ran. The coordinator never
+    /// returns it itself (its arguments are already valid): it is here so that a handler
+    /// that builds its key with `?` gets one error type.
     InvalidKey(KeyError),
+    /// The call's policy cannot work; nothing ran.
+    Config {
+        /// What is wrong.
+        reason: &'static str,
+    },
     /// Another caller holds the key (reject mode, or a wait that timed out); nothing ran.
     InFlight {
-        /// Time left on the owner's lease when last seen.
+        /// When to come back: the policy's [`retry_hint`](crate::Policy::retry_hint) minus how
+        /// long the owner has held the key, or else the time left on the owner's lease.
         retry_after: Duration,
+        /// Time left on the owner's lease when last seen: the owner's result exists by then,
+        /// or the key can be taken over.
+        lease_left: Duration,
+        /// How long the owner has held the key, if the store knows.
+        held_for: Option<Duration>,
     },
     /// The key was first used with a different request fingerprint; nothing ran, and nobody
     /// else's result was returned.
     KeyReused,
-    /// The action ran now and failed. Its reservation was released (or, if classified
-    /// permanent, the error was stored).
+    /// The action ran now and failed; its reservation was released, so a retry runs it again.
     Action(E),
+    /// The action ran now and failed permanently: the error was stored, and later calls get
+    /// it as [`Error::ReplayedAction`] without running the action.
+    ActionStored(E),
     /// The action failed permanently on an earlier call; this is that stored error, replayed.
     ReplayedAction(E),
     /// The action succeeded on an earlier call, but its result could not be stored (too large,
@@ -159,6 +213,25 @@ pub enum Error<E> {
 }
 
 impl<E> Error<E> {
+    /// An [`Error::InFlight`] whose owner has `lease_left` on its lease, told to come back
+    /// then.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use idemkit_core::Error;
+    /// let e = Error::<()>::in_flight(Duration::from_secs(3));
+    /// assert_eq!(e.retry_after(), Some(Duration::from_secs(3)));
+    /// ```
+    pub fn in_flight(lease_left: Duration) -> Self {
+        Error::InFlight {
+            retry_after: lease_left,
+            lease_left,
+            held_for: None,
+        }
+    }
+
     /// What the error means for the caller.
     ///
     /// # Example
@@ -170,9 +243,12 @@ impl<E> Error<E> {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::InvalidKey(_) => ErrorKind::InvalidInput,
+            Error::Config { .. } => ErrorKind::Config,
             Error::InFlight { .. } => ErrorKind::InFlight,
             Error::KeyReused => ErrorKind::KeyReused,
-            Error::Action(_) | Error::ReplayedAction(_) => ErrorKind::Action,
+            Error::Action(_) | Error::ActionStored(_) | Error::ReplayedAction(_) => {
+                ErrorKind::Action
+            }
             Error::ResultUnavailable { .. } => ErrorKind::ResultUnavailable,
             Error::Decode(_) => ErrorKind::Decode,
             Error::Store { source, .. } if source.kind() == StoreErrorKind::Unavailable => {
@@ -182,40 +258,92 @@ impl<E> Error<E> {
         }
     }
 
+    /// What a transport should do about it (the table on [`Disposition`]).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use idemkit_core::{Disposition, Error};
+    /// assert_eq!(Error::Action(1).disposition(), Disposition::Retry { after: None });
+    /// assert_eq!(Error::ActionStored(1).disposition(), Disposition::DeadLetter);
+    /// ```
+    pub fn disposition(&self) -> Disposition {
+        match self {
+            Error::InFlight { retry_after, .. } => Disposition::Retry {
+                after: Some(*retry_after),
+            },
+            Error::Action(_) => Disposition::Retry { after: None },
+            Error::ResultUnavailable { .. } => Disposition::Ack,
+            Error::Store { source, .. } if source.kind() == StoreErrorKind::Unavailable => {
+                Disposition::Retry { after: None }
+            }
+            Error::InvalidKey(_)
+            | Error::Config { .. }
+            | Error::KeyReused
+            | Error::ActionStored(_)
+            | Error::ReplayedAction(_)
+            | Error::Decode(_)
+            | Error::Store { .. } => Disposition::DeadLetter,
+        }
+    }
+
+    /// The HTTP status an API answers with (the table on [`Disposition`]); `None` for the
+    /// action's own errors, which the application maps itself.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use idemkit_core::Error;
+    /// assert_eq!(Error::<()>::KeyReused.http_status(), Some(422));
+    /// assert_eq!(Error::Action(()).http_status(), None);
+    /// ```
+    pub fn http_status(&self) -> Option<u16> {
+        Some(match self.kind() {
+            ErrorKind::InvalidInput => 400,
+            ErrorKind::InFlight => 409,
+            ErrorKind::KeyReused => 422,
+            ErrorKind::StoreUnavailable => 503,
+            ErrorKind::Action => return None,
+            ErrorKind::Config
+            | ErrorKind::ResultUnavailable
+            | ErrorKind::Decode
+            | ErrorKind::Store => 500,
+        })
+    }
+
     /// Whether trying the same call later can succeed: in flight, store unavailable, or a
-    /// fresh action failure (its key was released).
+    /// fresh action failure whose key was released. A stored or replayed permanent error is
+    /// not retryable: every retry replays it.
     ///
     /// # Example
     ///
     /// ```
     /// # use idemkit_core::Error;
     /// assert!(!Error::<()>::KeyReused.is_retryable());
+    /// assert!(Error::Action(()).is_retryable());
     /// ```
     pub fn is_retryable(&self) -> bool {
-        matches!(
-            self.kind(),
-            ErrorKind::InFlight | ErrorKind::StoreUnavailable
-        ) || matches!(self, Error::Action(_))
+        matches!(self.disposition(), Disposition::Retry { .. })
     }
 
-    /// For [`Error::InFlight`], the time left on the owner's lease.
+    /// For [`Error::InFlight`], when to come back.
     ///
     /// # Example
     ///
     /// ```
     /// # use std::time::Duration;
     /// # use idemkit_core::Error;
-    /// let e = Error::<()>::InFlight { retry_after: Duration::from_secs(3) };
+    /// let e = Error::<()>::in_flight(Duration::from_secs(3));
     /// assert_eq!(e.retry_after(), Some(Duration::from_secs(3)));
     /// ```
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            Error::InFlight { retry_after } => Some(*retry_after),
+            Error::InFlight { retry_after, .. } => Some(*retry_after),
             _ => None,
         }
     }
 
-    /// The action's error, fresh or replayed, if that is what this is.
+    /// The action's error, fresh, stored or replayed, if that is what this is.
     ///
     /// # Example
     ///
@@ -225,8 +353,40 @@ impl<E> Error<E> {
     /// ```
     pub fn into_action_error(self) -> Option<E> {
         match self {
-            Error::Action(e) | Error::ReplayedAction(e) => Some(e),
+            Error::Action(e) | Error::ActionStored(e) | Error::ReplayedAction(e) => Some(e),
             _ => None,
+        }
+    }
+
+    /// Maps the action's error, keeping everything else.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use idemkit_core::Error;
+    /// let e = Error::Action(7).map_action(|n| n.to_string());
+    /// assert_eq!(e.into_action_error().as_deref(), Some("7"));
+    /// ```
+    pub fn map_action<F>(self, f: impl FnOnce(E) -> F) -> Error<F> {
+        match self {
+            Error::InvalidKey(e) => Error::InvalidKey(e),
+            Error::Config { reason } => Error::Config { reason },
+            Error::InFlight {
+                retry_after,
+                lease_left,
+                held_for,
+            } => Error::InFlight {
+                retry_after,
+                lease_left,
+                held_for,
+            },
+            Error::KeyReused => Error::KeyReused,
+            Error::Action(e) => Error::Action(f(e)),
+            Error::ActionStored(e) => Error::ActionStored(f(e)),
+            Error::ReplayedAction(e) => Error::ReplayedAction(f(e)),
+            Error::ResultUnavailable { reason } => Error::ResultUnavailable { reason },
+            Error::Decode(e) => Error::Decode(e),
+            Error::Store { phase, source } => Error::Store { phase, source },
         }
     }
 }
@@ -237,18 +397,23 @@ impl<E> From<KeyError> for Error<E> {
     }
 }
 
-impl<E: fmt::Display> fmt::Display for Error<E> {
+/// The message says what idemkit saw; the action's own error is the [`source`](StdError::source).
+impl<E> fmt::Display for Error<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::InvalidKey(e) => write!(f, "invalid idempotency key: {e}"),
-            Error::InFlight { retry_after } => write!(
+            Error::Config { reason } => write!(f, "invalid idempotency policy: {reason}"),
+            Error::InFlight { retry_after, .. } => write!(
                 f,
                 "in progress: another caller holds the key (retry after {} ms)",
                 retry_after.as_millis()
             ),
             Error::KeyReused => f.write_str("idempotency key reused for a different request"),
-            Error::Action(e) => write!(f, "action failed: {e}"),
-            Error::ReplayedAction(e) => write!(f, "action failed earlier (replayed): {e}"),
+            Error::Action(_) => f.write_str("the action failed; its key was released"),
+            Error::ActionStored(_) => {
+                f.write_str("the action failed permanently; the failure was stored")
+            }
+            Error::ReplayedAction(_) => f.write_str("the action failed earlier (replayed)"),
             Error::ResultUnavailable { reason } => {
                 write!(f, "the action ran, but its result is unavailable: {reason}")
             }
@@ -262,7 +427,7 @@ impl<E: StdError + 'static> StdError for Error<E> {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
         match self {
             Error::InvalidKey(e) => Some(e),
-            Error::Action(e) | Error::ReplayedAction(e) => Some(e),
+            Error::Action(e) | Error::ActionStored(e) | Error::ReplayedAction(e) => Some(e),
             Error::Decode(e) => Some(&**e),
             Error::Store { source, .. } => Some(source),
             _ => None,

@@ -69,8 +69,8 @@ impl fmt::Display for IdentKind {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum KeyError {
-    /// The value was empty.
-    #[error("{ident} is empty")]
+    /// The value was empty, or only white space.
+    #[error("{ident} is empty or blank")]
     Empty {
         /// Which value.
         ident: IdentKind,
@@ -93,8 +93,10 @@ pub enum KeyError {
         /// Byte offset of the character.
         index: usize,
     },
-    /// An operation name held a character outside `[A-Za-z0-9._/-]`.
-    #[error("{ident} has {ch:?} at byte {index}; allowed are A-Z a-z 0-9 . _ / -")]
+    /// An operation name held a character outside `[A-Za-z0-9._/{}-]` and inner spaces.
+    #[error(
+        "{ident} has {ch:?} at byte {index}; allowed are A-Z a-z 0-9 . _ / {{ }} - and inner spaces"
+    )]
     InvalidChar {
         /// Which value.
         ident: IdentKind,
@@ -126,7 +128,9 @@ impl KeyError {
 }
 
 fn check_text(s: &str, ident: IdentKind, max: usize) -> Result<(), KeyError> {
-    if s.is_empty() {
+    // Blank counts as empty: an id field that came through as spaces must not become a
+    // key that every other blank id shares.
+    if s.trim().is_empty() {
         return Err(KeyError::Empty { ident });
     }
     if s.len() > max {
@@ -146,9 +150,15 @@ fn check_text(s: &str, ident: IdentKind, max: usize) -> Result<(), KeyError> {
 
 /// The kind of effect a key protects, such as `mail.invoice` or `payment.charge`.
 ///
-/// Names are 1 to [`MAX_OPERATION_LEN`] bytes of `[A-Za-z0-9._/-]`: they are code constants,
-/// metric labels and log fields, so a small alphabet keeps them readable everywhere. Cloning
-/// is a reference-count increment.
+/// Names are 1 to [`MAX_OPERATION_LEN`] bytes of `[A-Za-z0-9._/{}-]` and spaces (not at
+/// either end), so a route can name its operation (`POST /orders/{id}/pay`): they are code
+/// constants, metric labels and log fields, so a small alphabet keeps them readable
+/// everywhere. Never `:`, which separates the parts of a [`StorageKey`]. Cloning is a
+/// reference-count increment.
+///
+/// Each `Operation` caches its metric handles, registered on its first call (see
+/// [`observe`](crate::observe)); two equal operations built separately register separately,
+/// so build each once and clone it.
 ///
 /// # Example
 ///
@@ -207,13 +217,28 @@ impl Operation {
     /// use idemkit_core::Operation;
     ///
     /// assert!(Operation::new("payment.charge").is_ok());
-    /// assert!(Operation::new("payment charge").is_err());
+    /// assert!(Operation::new("POST /orders/{id}/pay").is_ok());
+    /// assert!(Operation::new("payment:charge").is_err());
+    /// assert!(Operation::new(" padded").is_err());
     /// ```
     pub fn new(name: impl AsRef<str>) -> Result<Self, KeyError> {
         let name = name.as_ref();
         let ident = IdentKind::Operation;
-        if name.is_empty() {
+        if name.trim().is_empty() {
             return Err(KeyError::Empty { ident });
+        }
+        // Inner spaces only: " x" and "x " would look like "x" in every log and label.
+        if name.starts_with(' ') || name.ends_with(' ') {
+            let index = if name.starts_with(' ') {
+                0
+            } else {
+                name.len() - 1
+            };
+            return Err(KeyError::InvalidChar {
+                ident,
+                ch: ' ',
+                index,
+            });
         }
         if name.len() > MAX_OPERATION_LEN {
             return Err(KeyError::TooLong {
@@ -222,10 +247,9 @@ impl Operation {
                 max: MAX_OPERATION_LEN,
             });
         }
-        if let Some((index, ch)) = name
-            .char_indices()
-            .find(|(_, c)| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '/' | '-')))
-        {
+        if let Some((index, ch)) = name.char_indices().find(|(_, c)| {
+            !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '/' | '-' | ' ' | '{' | '}'))
+        }) {
             return Err(KeyError::InvalidChar { ident, ch, index });
         }
         Ok(Operation(Arc::new(OperationInner {
@@ -601,13 +625,15 @@ mod tests {
                 .filter(|c| !c.is_control())
                 .collect::<String>()
         })
-        .prop_filter("non-empty, within limit", move |s| {
-            !s.is_empty() && s.len() <= max
+        .prop_filter("not blank, within limit", move |s| {
+            !s.trim().is_empty() && s.len() <= max
         })
     }
 
     fn op() -> impl Strategy<Value = String> {
-        "[a-z0-9._/-]{1,12}"
+        "[a-z0-9._/{} -]{1,12}".prop_filter("no space at either end", |s| {
+            !s.starts_with(' ') && !s.ends_with(' ')
+        })
     }
 
     proptest! {

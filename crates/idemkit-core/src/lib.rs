@@ -37,7 +37,8 @@
 //! # Modules
 //!
 //! - [`ident`] holds [`Operation`], [`Key`], [`Scope`] and the injective [`StorageKey`].
-//! - [`store`] holds the [`Store`] contract, one atomic call per phase.
+//! - [`store`] holds the [`Store`] contract, one atomic call per phase; [`DynStore`] erases
+//!   a store's type, to choose it at run time.
 //! - [`memory`] holds the [`MemoryStore`].
 //! - [`record`] holds what a store keeps, and its versioned byte format.
 //! - [`observe`] names the metrics.
@@ -47,6 +48,7 @@
 pub mod clock;
 mod codec;
 mod coordinator;
+mod dynamic;
 mod error;
 mod fingerprint;
 pub mod ident;
@@ -56,9 +58,10 @@ mod policy;
 pub mod record;
 pub mod store;
 
-pub use codec::{Codec, JsonCodec};
-pub use coordinator::{Attempt, Builder, Call, Coordinator, Outcome, Source};
-pub use error::{Error, ErrorKind, Phase};
+pub use codec::{BytesCodec, Codec, JsonCodec};
+pub use coordinator::{Attempt, Call, Coordinator, CoordinatorBuilder, Outcome, Source};
+pub use dynamic::DynStore;
+pub use error::{Disposition, Error, ErrorKind, Phase};
 pub use fingerprint::Fingerprint;
 pub use ident::{IdentKind, Key, KeyError, Operation, Scope, StorageKey};
 pub use memory::MemoryStore;

@@ -11,6 +11,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::clock::Clock;
+use crate::coordinator::after;
 use crate::record::{FencingToken, OwnerToken, Record, RecordState, StoredOutcome};
 use crate::store::{
     Begin, BeginRequest, Completed, Completion, Lease, RawStore, Store, StoreError,
@@ -232,15 +233,15 @@ impl MemoryStore {
             fencing: self.next_fencing(),
             fingerprint: req.fingerprint,
             created: now,
-            expires: now + req.lease,
+            expires: after(now, req.lease),
             waiters: None,
         }
     }
 }
 
 fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
-    // No code panics while holding a shard lock; if one ever did, the map is still
-    // consistent (every mutation is a single assignment), so keep serving.
+    // Nothing under a shard lock can panic on input (deadlines saturate, see `after`); if
+    // something ever did, keep serving rather than fail every later call of the shard.
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -298,13 +299,24 @@ impl Table {
     fn retain(&mut self, mut keep: impl FnMut(&Entry) -> bool) {
         self.entries.retain(|(_, e)| keep(e));
     }
+
+    /// Shrinks the table when under a quarter of its capacity is used.
+    fn shrink_if_sparse(&mut self, hasher: &RandomState) {
+        if self.entries.len() < self.entries.capacity() / 4 {
+            self.entries
+                .shrink_to(self.entries.len() * 2, |(k, _)| hasher.hash_one(&**k));
+        }
+    }
 }
 
 impl Shard {
-    fn sweep_if_due(&mut self, now: Instant) {
+    fn sweep_if_due(&mut self, now: Instant, hasher: &RandomState) {
         if self.map.len() >= self.sweep_at {
             self.map.retain(|e| e.expires() > now);
             self.sweep_at = (self.map.len() * 2).max(MIN_SWEEP);
+            // After a burst, give the memory back: the table keeps its peak capacity
+            // otherwise.
+            self.map.shrink_if_sparse(hasher);
         }
     }
 }
@@ -318,9 +330,15 @@ impl Store for MemoryStore {
                     return Ok(Begin::Mismatch);
                 }
                 Ok(match &slot.state {
+                    // Our own reservation, asked for again (a retried `begin`).
+                    State::Reserved if slot.owner == req.owner => Begin::Reserved {
+                        lease: Lease::new(slot.owner, slot.fencing),
+                        took_over: false,
+                    },
                     State::Reserved => Begin::InFlight {
                         retry_after: slot.expires - now,
                         fencing: slot.fencing,
+                        held_for: Some(now - slot.created),
                     },
                     State::Completed(o) => {
                         Begin::Completed(Completed::new(slot.fencing, o.clone()))
@@ -342,7 +360,7 @@ impl Store for MemoryStore {
                 Ok(Begin::Reserved { lease, took_over })
             }
             None => {
-                shard.sweep_if_due(now);
+                shard.sweep_if_due(now, &self.inner.hasher);
                 let slot = self.new_slot(req, now);
                 let lease = Lease::new(slot.owner, slot.fencing);
                 shard
@@ -369,7 +387,7 @@ impl Store for MemoryStore {
                     && matches!(slot.state, State::Reserved)
                     && slot.expires > now =>
             {
-                slot.expires = now + ttl;
+                slot.expires = after(now, ttl);
                 Ok(())
             }
             _ => Err(StoreError::lease_lost()),
@@ -390,7 +408,7 @@ impl Store for MemoryStore {
                         completion.kind,
                         completion.bytes.clone(),
                     ));
-                    slot.expires = now + completion.ttl;
+                    slot.expires = after(now, completion.ttl);
                     slot.wake_waiters();
                     Ok(())
                 }
@@ -440,7 +458,7 @@ impl Store for MemoryStore {
                     // moment it exists, so a completion right after we unlock is not missed.
                     notified = notify.notified();
                     // Wake at the lease's end at the latest: expiry has no event to push.
-                    until = slot.expires.min(now + timeout);
+                    until = slot.expires.min(after(now, timeout));
                 }
                 _ => return Ok(()),
             }
@@ -478,13 +496,13 @@ impl RawStore for MemoryStore {
         ttl: Duration,
     ) -> Result<(), StoreError> {
         let now = self.inner.clock.now();
-        let expires = now + ttl;
+        let expires = after(now, ttl);
         let entry = match Record::decode(&bytes) {
             Ok(r) => {
                 // Keep the fencing sequence above anything written by hand.
                 self.inner
                     .next_fencing
-                    .fetch_max(r.fencing.get() + 1, Ordering::Relaxed);
+                    .fetch_max(r.fencing.get().saturating_add(1), Ordering::Relaxed);
                 Entry::Record(Slot {
                     state: match r.state {
                         RecordState::Completed(o) => State::Completed(o),
@@ -501,7 +519,7 @@ impl RawStore for MemoryStore {
             Err(_) => Entry::Foreign { bytes, expires },
         };
         let (mut shard, h, _) = self.shard(key);
-        shard.sweep_if_due(now);
+        shard.sweep_if_due(now, &self.inner.hasher);
         if let Some(Entry::Record(mut old)) =
             shard.map.insert(h, key.as_str(), entry, &self.inner.hasher)
         {

@@ -61,6 +61,20 @@ pub enum OnStoreError {
 /// | `wait_timeout` | 60 s | a waiter gives up with [`Error::InFlight`](crate::Error::InFlight) after this |
 /// | `ttl` | 24 h | outlives a day of redeliveries and dead-letter re-drives (the seed's usual choice) |
 /// | `max_result_bytes` | 1 MiB | a larger result is not stored; replays get `ResultUnavailable` |
+/// | `store_timeout` | 5 s | a store call that has not answered by then counts as unavailable |
+/// | `max_hold` | 1 h | an action still running after this stops renewing: its key can be taken over |
+/// | `retry_hint` | `None` | `Error::InFlight`'s `retry_after` is the time left on the owner's lease |
+///
+/// Durations above [`Policy::MAX_DURATION`] (100 years) are clamped to it, so no deadline
+/// computed from a policy can overflow. A zero `lease` or `ttl` is refused when a call runs,
+/// with [`Error::Config`](crate::Error::Config), before anything is reserved.
+///
+/// # Choosing them for a queue
+///
+/// Keep the queue's visibility timeout (or Kafka's `max.poll.interval.ms`) above the
+/// action's usual time, and `wait_timeout` below the visibility timeout, or use
+/// [`InFlight::Reject`]: a waiter that outlives its own delivery makes the queue deliver the
+/// message a third time.
 ///
 /// # Example
 ///
@@ -84,12 +98,33 @@ pub struct Policy {
     pub wait_timeout: Duration,
     /// The default retention of a completed record (a call's `ttl` overrides it).
     pub ttl: Duration,
-    /// The largest encoded result that is stored.
+    /// The largest encoded result (or stored permanent error) that is stored.
     pub max_result_bytes: usize,
+    /// The longest one store call may take before it counts as unavailable. Renewals are
+    /// bounded tighter: by a third of the lease.
+    pub store_timeout: Duration,
+    /// The longest an owner renews its lease. An action still running after this is
+    /// presumed hung: renewals stop, the action is told (see
+    /// [`Attempt::lease_lost`](crate::Attempt::lease_lost)) and, once the lease runs out, a
+    /// duplicate takes the key over. Set it above the longest action you expect.
+    pub max_hold: Duration,
+    /// A typical action time, used to tell a rejected duplicate when to come back: its
+    /// `retry_after` is this minus how long the owner has held the key (at least a tenth of
+    /// it), never more than the time left on the owner's lease. `None`: the time left on
+    /// the lease.
+    pub retry_hint: Option<Duration>,
 }
 
 /// The shortest lease: renewing every third of it must still leave time to do anything.
-const MIN_LEASE: Duration = Duration::from_millis(3);
+pub(crate) const MIN_LEASE: Duration = Duration::from_millis(3);
+
+const fn clamp(d: Duration) -> Duration {
+    if d.as_secs() > Policy::MAX_DURATION.as_secs() {
+        Policy::MAX_DURATION
+    } else {
+        d
+    }
+}
 
 impl Policy {
     /// The defaults (see the table above).
@@ -108,8 +143,15 @@ impl Policy {
             wait_timeout: Duration::from_secs(60),
             ttl: Duration::from_secs(24 * 3600),
             max_result_bytes: 1 << 20,
+            store_timeout: Duration::from_secs(5),
+            max_hold: Duration::from_secs(3600),
+            retry_hint: None,
         }
     }
+
+    /// The longest duration a policy holds (100 years): a "forever" TTL or wait timeout is
+    /// clamped to it.
+    pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
     /// Sets [`Policy::in_flight`].
     ///
@@ -138,21 +180,18 @@ impl Policy {
         self
     }
 
-    /// Sets [`Policy::lease`] (at least 3 ms).
+    /// Sets [`Policy::lease`]. A call refuses a lease under 3 ms with
+    /// [`Error::Config`](crate::Error::Config).
     ///
     /// # Example
     ///
     /// ```
     /// # use std::time::Duration;
     /// # use idemkit_core::Policy;
-    /// assert_eq!(Policy::new().lease(Duration::ZERO).lease, Duration::from_millis(3));
+    /// assert_eq!(Policy::new().lease(Duration::MAX).lease, Policy::MAX_DURATION);
     /// ```
     pub const fn lease(mut self, lease: Duration) -> Self {
-        self.lease = if lease.as_nanos() < MIN_LEASE.as_nanos() {
-            MIN_LEASE
-        } else {
-            lease
-        };
+        self.lease = clamp(lease);
         self
     }
 
@@ -166,7 +205,7 @@ impl Policy {
     /// assert_eq!(Policy::new().wait_timeout(Duration::from_secs(5)).wait_timeout.as_secs(), 5);
     /// ```
     pub const fn wait_timeout(mut self, wait_timeout: Duration) -> Self {
-        self.wait_timeout = wait_timeout;
+        self.wait_timeout = clamp(wait_timeout);
         self
     }
 
@@ -180,7 +219,7 @@ impl Policy {
     /// assert_eq!(Policy::new().ttl(Duration::from_secs(7 * 86400)).ttl.as_secs(), 604800);
     /// ```
     pub const fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
+        self.ttl = clamp(ttl);
         self
     }
 
@@ -195,6 +234,65 @@ impl Policy {
     pub const fn max_result_bytes(mut self, max: usize) -> Self {
         self.max_result_bytes = max;
         self
+    }
+
+    /// Sets [`Policy::store_timeout`].
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use idemkit_core::Policy;
+    /// let p = Policy::new().store_timeout(Duration::from_millis(500));
+    /// assert_eq!(p.store_timeout, Duration::from_millis(500));
+    /// ```
+    pub const fn store_timeout(mut self, timeout: Duration) -> Self {
+        self.store_timeout = clamp(timeout);
+        self
+    }
+
+    /// Sets [`Policy::max_hold`].
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use idemkit_core::Policy;
+    /// assert_eq!(Policy::new().max_hold(Duration::from_secs(60)).max_hold.as_secs(), 60);
+    /// ```
+    pub const fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = clamp(max_hold);
+        self
+    }
+
+    /// Sets [`Policy::retry_hint`].
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use idemkit_core::Policy;
+    /// let p = Policy::new().retry_hint(Some(Duration::from_millis(300)));
+    /// assert_eq!(p.retry_hint, Some(Duration::from_millis(300)));
+    /// ```
+    pub const fn retry_hint(mut self, hint: Option<Duration>) -> Self {
+        self.retry_hint = match hint {
+            Some(h) => Some(clamp(h)),
+            None => None,
+        };
+        self
+    }
+
+    /// The `retry_after` to tell a rejected duplicate, from the owner's remaining lease and
+    /// how long it has held the key (see [`Policy::retry_hint`]).
+    pub(crate) fn retry_after(&self, lease_left: Duration, held_for: Option<Duration>) -> Duration {
+        match self.retry_hint {
+            None => lease_left,
+            Some(hint) => {
+                let left = hint.saturating_sub(held_for.unwrap_or(Duration::ZERO));
+                left.max(hint / 10).min(lease_left)
+            }
+        }
     }
 
     /// How often an owner renews its lease: a third of it, so two renewals can fail (a store

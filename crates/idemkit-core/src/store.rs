@@ -200,6 +200,8 @@ pub enum Begin {
         retry_after: Duration,
         /// That reservation's fencing token, for [`Store::wait`].
         fencing: FencingToken,
+        /// How long that owner has held the key, by the store's clock, if the store knows.
+        held_for: Option<Duration>,
     },
     /// The key is in use (reserved or completed) with a different fingerprint.
     Mismatch,
@@ -267,7 +269,8 @@ pub enum StoreErrorKind {
     /// took it over). Nothing was written.
     LeaseLost,
     /// The bytes under the key are not a record this version reads (damaged, or written by
-    /// something else). Nothing was changed; an operator must look (`idemkit inspect`).
+    /// something else). Nothing was changed; an operator must look (read it with
+    /// [`Store::get`], remove it with [`RawStore::purge`]).
     Corrupt,
     /// The store refused the request itself (say, a value over a server limit). Retrying the
     /// same request will not help.
@@ -438,17 +441,27 @@ impl StdError for StoreError {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub trait Store: Clone + Send + Sync + 'static {
+    /// The longest lease or TTL this store can keep. The coordinator clamps every duration it
+    /// sends to it (and to [`Policy::MAX_DURATION`](crate::Policy::MAX_DURATION)), so a store
+    /// never sees a duration it cannot represent. Default: 100 years.
+    fn max_ttl(&self) -> Duration {
+        crate::Policy::MAX_DURATION
+    }
+
     /// Reserve the key for `req.lease`, or return the completed record, or report the live
     /// owner, or report a fingerprint mismatch; atomically. An expired reservation or record
     /// counts as absent. A new reservation's fencing token is greater than every earlier one
-    /// of this key.
+    /// of this key. A live reservation held by `req.owner` with the same fingerprint is
+    /// returned as `Reserved` with its existing fencing token: a `begin` whose reply was lost
+    /// and that is sent again must not make its caller wait on its own reservation.
     fn begin(
         &self,
         req: &BeginRequest<'_>,
     ) -> impl Future<Output = Result<Begin, StoreError>> + Send;
 
-    /// Extend the lease to `lease` from now, only if `lease` still owns a live reservation;
-    /// otherwise [`StoreErrorKind::LeaseLost`] and nothing changes.
+    /// Extend the lease to `lease` from now, only if `owner` (its owner token *and* fencing
+    /// token) still owns a live reservation; otherwise [`StoreErrorKind::LeaseLost`] and
+    /// nothing changes.
     fn renew(
         &self,
         key: &StorageKey,
@@ -457,7 +470,7 @@ pub trait Store: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Replace the reservation with a completed record kept for `completion.ttl`, only if
-    /// `lease` still owns a live reservation; otherwise [`StoreErrorKind::LeaseLost`] and
+    /// `lease` (owner token and fencing token) still owns a live reservation; otherwise [`StoreErrorKind::LeaseLost`] and
     /// nothing changes. Completing again with the same lease is a no-op success, so a retried
     /// completion is harmless. Wakes waiters.
     fn complete(
@@ -467,7 +480,8 @@ pub trait Store: Clone + Send + Sync + 'static {
         completion: &Completion,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Delete the reservation, only if `lease` still owns a live one; otherwise
+    /// Delete the reservation, only if `lease` (owner token and fencing token) still owns a
+    /// live one; otherwise
     /// [`StoreErrorKind::LeaseLost`] and nothing changes. Wakes waiters.
     fn release(
         &self,

@@ -204,7 +204,7 @@ async fn sixty_four_callers_in_reject_mode_one_runs_the_rest_are_told_in_progres
         .count();
     let in_progress = results
         .iter()
-        .filter(|r| matches!(r, Err(Error::InFlight { retry_after }) if *retry_after <= Policy::default().lease))
+        .filter(|r| matches!(r, Err(Error::InFlight { retry_after, .. }) if *retry_after <= Policy::default().lease))
         .count();
     assert_eq!(
         (runs.load(Ordering::SeqCst), fresh, in_progress),
@@ -525,7 +525,7 @@ async fn permanent_errors_are_stored_and_replayed_others_released() {
         .call(&op(), &key("k"))
         .run_storing_errors(is_permanent, act("declined: card"))
         .await;
-    assert!(matches!(permanent, Err(Error::Action(ref e)) if e == "declined: card"));
+    assert!(matches!(permanent, Err(Error::ActionStored(ref e)) if e == "declined: card"));
     let replayed = c
         .call(&op(), &key("k"))
         .run_storing_errors(is_permanent, act("declined: other"))

@@ -14,11 +14,15 @@
 -- KEYS[1] record key
 -- ARGV[1] flags byte (1 with a fingerprint, else 0) and owner token (16 bytes)
 -- ARGV[2] lease ms  ARGV[3] fingerprint (16 bytes) or ''
--- Returns an integer > 0     reserved for the caller; the integer is its fencing token
+-- Returns an integer > 0     reserved for the caller (now, or already by this same owner
+--                            token: a retried begin whose first reply was lost); the integer
+--                            is its fencing token
 --         0                  a live record with another fingerprint
 --         a string           a live completed record with the same fingerprint (replay), or
 --                            bytes that are not a record of ours (the client reports Corrupt)
---         {record, pttl}     a live reservation with the same fingerprint (in flight)
+--         {record, pttl, now} a live reservation of another owner with the same fingerprint
+--                            (in flight), its remaining lease (ms; -1 if it has no expiry) and
+--                            Redis' clock in microseconds (how long it has been held)
 -- Each branch is as short as it can be: Redis runs one script at a time, and at high
 -- concurrency its CPU per call is idemkit's throughput. The client builds what it can (the
 -- flags and owner in one argument) and the script converts numbers once: every argument,
@@ -28,7 +32,7 @@ local v = redis.call('GET', key)
 local previous
 if v then
   local head = string.sub(v, 1, 5)
-  if head == 'IDK\1\2' or head == 'IDK\1\1' then
+  if (head == 'IDK\1\2' or head == 'IDK\1\1') and #v >= 46 then
     local fingerprint = ''
     if string.byte(v, 6) % 2 == 1 then fingerprint = string.sub(v, 47, 62) end
     if fingerprint ~= ARGV[3] then
@@ -37,10 +41,16 @@ if v then
     if head == 'IDK\1\2' then
       return v
     end
-    return {v, redis.call('PTTL', key)}
+    if string.sub(v, 7, 22) == string.sub(ARGV[1], 2) then
+      -- Ours already: this begin was sent twice.
+      return struct.unpack('>I8', v, 23)
+    end
+    local t = redis.call('TIME')
+    return {v, redis.call('PTTL', key), t[1] * 1000000 + t[2]}
   end
   if head ~= 'IDK\1\3' or #v ~= 13 then
-    -- Foreign or damaged bytes: change nothing, hand them to the client to report.
+    -- Foreign or damaged bytes (a record head too short to be one included): change
+    -- nothing, hand them to the client to report.
     return v
   end
   -- A release tombstone: the key is free, but the next token must exceed its token.

@@ -1,14 +1,15 @@
 -- complete: replace the caller's live reservation with its outcome, kept for ARGV[2] ms,
 -- and wake waiters.
 -- KEYS[1] record key
--- ARGV[1] owner token (16 bytes)  ARGV[2] ttl ms
+-- ARGV[1] owner token (16 bytes) and fencing token (8 bytes): a lease is both, so an owner
+-- token reused for a later reservation of the key cannot act on it  ARGV[2] ttl ms
 -- ARGV[3] the outcome as the record's tail: kind (1 byte), length (4 bytes), bytes
 -- Returns 1, or 0 when the caller no longer owns the key (nothing changes).
 -- The wake-up channel is the key followed by ':wake' (same hash tag, so same Cluster slot);
 -- on a Cluster the client loads this script with SPUBLISH in place of PUBLISH.
 local key = KEYS[1]
 local v = redis.call('GET', key)
-if not v or string.sub(v, 7, 22) ~= ARGV[1] then
+if not v or string.sub(v, 7, 30) ~= ARGV[1] then
   -- Expired, released, taken over, or foreign: a stale owner must not write.
   return 0
 end
@@ -29,7 +30,7 @@ if head == 'IDK\1\1' then
   return 1
 end
 if head == 'IDK\1\2' then
-  -- Completed by this very owner already: a retried completion is a no-op.
+  -- Completed by this very lease already: a retried completion is a no-op.
   return 1
 end
 -- Our owner bytes in something that is not our record: not ours to write.

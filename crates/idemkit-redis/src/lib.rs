@@ -2,14 +2,22 @@
 //!
 //! - **One round trip per phase.** `begin`, `renew`, `complete` and `release` are each one
 //!   `EVALSHA` of a Lua script (`lua/*.lua`, loaded once, reloaded on `NOSCRIPT` after a
-//!   server restart). A replay costs one command; a fresh run two.
-//! - **Fencing.** Every write checks the caller's owner token inside the script. Fencing
-//!   tokens come from Redis' `TIME` in microseconds (or one past a just-released token), so
-//!   they increase per key; leases and TTLs expire by Redis' clock (`PX`), never the client's.
+//!   server restart). A replay costs one command; a fresh run two. A waiter adds a
+//!   `SUBSCRIBE` (once per key and process), one `EVALSHA` of `watch.lua` and a background
+//!   `UNSUBSCRIBE` when the last local waiter leaves; the durability guard adds one `WAIT`
+//!   per write phase.
+//! - **Fencing.** Every write checks the caller's owner token *and* fencing token inside the
+//!   script. Fencing tokens come from Redis' `TIME` in microseconds (or one past a
+//!   just-released token), so they increase per key; leases and TTLs expire by Redis' clock
+//!   (`PX`), never the client's.
 //! - **Push wake-ups.** `complete` and `release` publish on a per-key channel; a waiter
 //!   subscribes to it (RESP3 push on the same connection), re-checks the record, and wakes
 //!   within about one round trip of the owner finishing. Its wait never outlasts the
-//!   owner's lease, which covers a missed message.
+//!   owner's lease, which covers a missed message. A waiter whose future is dropped leaves
+//!   no registration and no subscription behind.
+//! - **Eviction.** Redis must not evict our keys: run it with `maxmemory-policy noeviction`
+//!   (or a dedicated server). The store checks the policy at connect and warns, or refuses
+//!   ([`RedisStoreBuilder::eviction_check`]).
 //! - **Cluster.** A record's key and its channel share one hash tag (a digest of the storage
 //!   key), so every script touches one slot; waiters use sharded pub/sub (`SSUBSCRIBE`).
 //!
@@ -30,9 +38,7 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::HashMap;
-use std::fmt;
-use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -40,59 +46,24 @@ use idemkit_core::{
     Begin, BeginRequest, Completed, Completion, FencingToken, Lease, RawStore, Record, RecordState,
     StorageKey, Store, StoreError, StoreErrorKind,
 };
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClientBuilder;
-use redis::cluster_async::ClusterConnection;
-use redis::{
-    Cmd, IntoConnectionInfo, Pipeline, ProtocolVersion, PushInfo, PushKind, RedisError,
-    RedisFuture, RedisWrite, Script, ToRedisArgs, Value,
-};
-use tokio::sync::Notify;
+use redis::{Cmd, Pipeline, RedisError, Value};
 
-mod scripts {
-    use super::*;
+mod builder;
+mod conn;
+mod durable;
+mod errors;
+mod keys;
+mod scripts;
+mod wake;
 
-    /// One of our Lua scripts: its SHA for `EVALSHA`, and its source for `SCRIPT LOAD` when
-    /// the server does not know it (after a restart).
-    pub(crate) struct Lua {
-        pub(crate) script: Script,
-        pub(crate) source: String,
-    }
+pub use builder::{EvictionCheck, RedisStoreBuilder};
 
-    impl Lua {
-        fn new(source: &str) -> Self {
-            Lua {
-                script: Script::new(source),
-                source: source.to_owned(),
-            }
-        }
-
-        /// The Cluster variant of a script that wakes waiters: sharded pub/sub (`SPUBLISH`),
-        /// whose channel lives in the key's slot. Scripts name the command literally
-        /// rather than taking it as an argument: every argument costs Redis time.
-        fn sharded(source: &str) -> Self {
-            assert!(source.contains("'PUBLISH'"), "a script that publishes");
-            Lua::new(&source.replace("'PUBLISH'", "'SPUBLISH'"))
-        }
-    }
-
-    macro_rules! lua {
-        ($file:literal) => {
-            LazyLock::new(|| Lua::new(include_str!($file)))
-        };
-        (sharded $file:literal) => {
-            LazyLock::new(|| Lua::sharded(include_str!($file)))
-        };
-    }
-
-    pub(crate) static BEGIN: LazyLock<Lua> = lua!("../lua/begin.lua");
-    pub(crate) static RENEW: LazyLock<Lua> = lua!("../lua/renew.lua");
-    pub(crate) static COMPLETE: LazyLock<Lua> = lua!("../lua/complete.lua");
-    pub(crate) static COMPLETE_SHARDED: LazyLock<Lua> = lua!(sharded "../lua/complete.lua");
-    pub(crate) static RELEASE: LazyLock<Lua> = lua!("../lua/release.lua");
-    pub(crate) static RELEASE_SHARDED: LazyLock<Lua> = lua!(sharded "../lua/release.lua");
-    pub(crate) static WATCH: LazyLock<Lua> = lua!("../lua/watch.lua");
-}
+use conn::Conn;
+use durable::Durable;
+use errors::{decode, int, is_tombstone, map_err, owner_checked, unexpected};
+use keys::{channel, key_for, ms};
+use scripts::{LeaseArg, OwnerWithFlags, RecordTail, clear_watched};
+use wake::Waiters;
 
 /// A store on Redis. Cheap to clone: clones share the connection and the waiter registry.
 ///
@@ -115,259 +86,59 @@ pub struct RedisStore {
 struct Shared {
     /// Every key this store writes starts with `{prefix}:`.
     prefix: String,
-    /// The durability guard: after a reservation or a completion, wait until this many
-    /// replicas acknowledged the write (`WAIT`), for at most this long.
-    replicas: Option<(usize, Duration)>,
+    /// The durability guard, when on (see [`RedisStoreBuilder::wait_for_replicas`]).
+    durable: Option<Arc<Durable>>,
     /// Local waiters per wake-up channel. The push handler (called by the connection for
     /// each pub/sub message) notifies them; a channel is subscribed while it has waiters.
     waiters: Arc<Waiters>,
+    /// Held while a `SUBSCRIBE` or `UNSUBSCRIBE` is on the wire, so that a background
+    /// unsubscribe (the last waiter of a channel left) can never overtake a new waiter's
+    /// subscribe to the same channel and cancel it: the unsubscribe re-checks, under this
+    /// lock, that nobody waits on the channel again.
+    pubsub: Arc<tokio::sync::Mutex<()>>,
 }
 
-/// A channel's wake-up and how many local waiters use it.
-type Channel = (Arc<Notify>, usize);
-
-#[derive(Default)]
-struct Waiters {
-    channels: Mutex<HashMap<Vec<u8>, Channel>>,
-}
-
-impl Waiters {
-    fn notify(&self, channel: &[u8]) {
-        let map = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((n, _)) = map.get(channel) {
-            n.notify_waiters();
-        }
-    }
-
-    /// Registers a waiter; returns its `Notify` and whether the channel needs subscribing.
-    fn join(&self, channel: &[u8]) -> (Arc<Notify>, bool) {
-        let mut map = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
-        let entry = map
-            .entry(channel.to_vec())
-            .or_insert_with(|| (Arc::default(), 0));
-        entry.1 += 1;
-        (entry.0.clone(), entry.1 == 1)
-    }
-
-    /// Unregisters a waiter; returns whether the channel has no waiters left.
-    fn leave(&self, channel: &[u8]) -> bool {
-        let mut map = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
-        match map.get_mut(channel) {
-            Some(entry) if entry.1 > 1 => {
-                entry.1 -= 1;
-                false
-            }
-            Some(_) => {
-                map.remove(channel);
-                true
-            }
-            None => false,
-        }
-    }
-}
-
-impl fmt::Debug for RedisStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
             .field("prefix", &self.shared.prefix)
-            .field("replicas", &self.shared.replicas)
+            .field(
+                "replicas",
+                &self
+                    .shared
+                    .durable
+                    .as_ref()
+                    .map(|d| (d.replicas, d.timeout)),
+            )
             .field("cluster", &matches!(self.conn, Conn::Cluster(_)))
             .finish()
     }
 }
 
-/// Configures a [`RedisStore`].
-///
-/// # Example
-///
-/// ```no_run
-/// # async fn run() -> Result<(), idemkit_core::StoreError> {
-/// use std::time::Duration;
-/// let store = idemkit_redis::RedisStore::builder()
-///     .prefix("idemkit")
-///     .response_timeout(Duration::from_millis(500))
-///     .connect_cluster(["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"])
-///     .await?;
-/// # Ok(()) }
-/// ```
-#[derive(Debug, Clone)]
-pub struct Builder {
-    prefix: String,
-    response_timeout: Duration,
-    connection_timeout: Duration,
-    replicas: Option<(usize, Duration)>,
-}
-
-impl Default for Builder {
-    fn default() -> Self {
-        Builder {
-            prefix: "idemkit".to_string(),
-            response_timeout: Duration::from_secs(1),
-            connection_timeout: Duration::from_secs(1),
-            replicas: None,
-        }
-    }
-}
-
-impl Builder {
-    /// The namespace every key starts with (default `idemkit`). It must not contain `{` or
-    /// `}` (they would break Cluster hash tags); such characters are replaced with `_`.
-    ///
-    /// # Example
-    ///
-    /// See [`Builder`].
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into().replace(['{', '}'], "_");
-        self
-    }
-
-    /// How long a command may take before it fails as unavailable (default 1 s).
-    ///
-    /// # Example
-    ///
-    /// See [`Builder`].
-    pub fn response_timeout(mut self, timeout: Duration) -> Self {
-        self.response_timeout = timeout;
-        self
-    }
-
-    /// The durability guard: after each reservation and each completion, wait until
-    /// `replicas` replicas acknowledged the write (`WAIT replicas timeout`), and report the
-    /// store unavailable if they did not within `timeout`.
-    ///
-    /// Redis replicates asynchronously: without the guard, a failover that promotes a
-    /// replica which missed the last writes loses those reservations and results, and the
-    /// action can run again. The guard narrows that window to writes whose acknowledgement
-    /// is still in flight, at the cost of one more round trip on each write phase (hits are
-    /// unaffected). A reservation that is not acknowledged fails `begin` (fail-closed: the
-    /// action does not run); a completion that is not acknowledged is reported like any
-    /// completion failure (the caller has its value, the failure is logged and counted).
-    /// Keep `timeout` below the response timeout. On a Cluster, `WAIT` goes to every
-    /// primary and the smallest acknowledgement counts.
-    ///
-    /// # Example
-    ///
-    /// ```no_run
-    /// # async fn run() -> Result<(), idemkit_core::StoreError> {
-    /// use std::time::Duration;
-    /// let store = idemkit_redis::RedisStore::builder()
-    ///     .wait_for_replicas(1, Duration::from_millis(100))
-    ///     .connect("redis://127.0.0.1:6379")
-    ///     .await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn wait_for_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
-        self.replicas = (replicas > 0).then_some((replicas, timeout));
-        self
-    }
-
-    /// How long connecting may take (default 1 s).
-    ///
-    /// # Example
-    ///
-    /// See [`Builder`].
-    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
-        self.connection_timeout = timeout;
-        self
-    }
-
-    /// Connects to one Redis server (a `redis://` URL). The connection reconnects by itself;
-    /// calls made while it is down fail as [`StoreErrorKind::Unavailable`].
-    ///
-    /// # Errors
-    ///
-    /// An invalid URL, or a server that cannot be reached now.
-    ///
-    /// # Example
-    ///
-    /// See [`RedisStore::builder`].
-    pub async fn connect(self, url: &str) -> Result<RedisStore, StoreError> {
-        let info = url.into_connection_info().map_err(map_err)?;
-        let settings = info
-            .redis_settings()
-            .clone()
-            .set_protocol(ProtocolVersion::RESP3);
-        let info = info.set_redis_settings(settings);
-        let client = redis::Client::open(info).map_err(map_err)?;
-        let waiters = Arc::new(Waiters::default());
-        let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(self.response_timeout))
-            .set_connection_timeout(Some(self.connection_timeout))
-            .set_number_of_retries(1)
-            .set_automatic_resubscription()
-            .set_push_sender(push_handler(waiters.clone()));
-        let manager = client
-            .get_connection_manager_with_config(config)
-            .await
-            .map_err(map_err)?;
-        Ok(RedisStore {
-            conn: Conn::Single(manager),
-            shared: Arc::new(Shared {
-                prefix: self.prefix,
-                replicas: self.replicas,
-                waiters,
-            }),
-        })
-    }
-
-    /// Connects to a Redis Cluster through any of its nodes.
-    ///
-    /// # Errors
-    ///
-    /// Invalid URLs, or no node reachable now.
-    ///
-    /// # Example
-    ///
-    /// See [`Builder`].
-    pub async fn connect_cluster<I, U>(self, nodes: I) -> Result<RedisStore, StoreError>
-    where
-        I: IntoIterator<Item = U>,
-        U: IntoConnectionInfo,
-    {
-        let waiters = Arc::new(Waiters::default());
-        let client = ClusterClientBuilder::new(nodes)
-            .use_protocol(ProtocolVersion::RESP3)
-            .response_timeout(self.response_timeout)
-            .connection_timeout(self.connection_timeout)
-            .push_sender(push_handler(waiters.clone()))
-            .build()
-            .map_err(map_err)?;
-        let conn = client.get_async_connection().await.map_err(map_err)?;
-        Ok(RedisStore {
-            conn: Conn::Cluster(conn),
-            shared: Arc::new(Shared {
-                prefix: self.prefix,
-                replicas: self.replicas,
-                waiters,
-            }),
-        })
-    }
-}
-
-/// Called by the connection for every push message: wakes the waiters of its channel.
-fn push_handler(waiters: Arc<Waiters>) -> impl Fn(PushInfo) -> Result<(), ()> + Send + Sync {
-    move |push: PushInfo| {
-        if let (PushKind::Message | PushKind::SMessage, Some(Value::BulkString(channel))) =
-            (&push.kind, push.data.first())
-        {
-            waiters.notify(channel);
-        }
-        Ok(())
-    }
-}
-
 impl RedisStore {
+    fn new(conn: Conn, prefix: String, durable: Option<Durable>, waiters: Arc<Waiters>) -> Self {
+        RedisStore {
+            conn,
+            shared: Arc::new(Shared {
+                prefix,
+                durable: durable.map(Arc::new),
+                waiters,
+                pubsub: Arc::default(),
+            }),
+        }
+    }
+
     /// Connects to one server with the default settings.
     ///
     /// # Errors
     ///
-    /// See [`Builder::connect`].
+    /// See [`RedisStoreBuilder::connect`].
     ///
     /// # Example
     ///
     /// See the [crate docs](crate).
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        Builder::default().connect(url).await
+        RedisStoreBuilder::default().connect(url).await
     }
 
     /// The same connection under another key prefix: a separate namespace of records that
@@ -386,13 +157,14 @@ impl RedisStore {
             conn: self.conn.clone(),
             shared: Arc::new(Shared {
                 prefix: prefix.into().replace(['{', '}'], "_"),
-                replicas: self.shared.replicas,
+                durable: self.shared.durable.clone(),
                 waiters: self.shared.waiters.clone(),
+                pubsub: self.shared.pubsub.clone(),
             }),
         }
     }
 
-    /// A builder, for a prefix, timeouts, or Cluster.
+    /// A builder, for a prefix, timeouts, the durability guard, or Cluster.
     ///
     /// # Example
     ///
@@ -401,13 +173,14 @@ impl RedisStore {
     /// let store = idemkit_redis::RedisStore::builder().prefix("tests").connect("redis://127.0.0.1").await?;
     /// # Ok(()) }
     /// ```
-    pub fn builder() -> Builder {
-        Builder::default()
+    pub fn builder() -> RedisStoreBuilder {
+        RedisStoreBuilder::default()
     }
 
     /// The Redis key a record is stored under: `{prefix}:{{tag}}:{storage key}`, where the
     /// tag is a 64-bit FNV-1a digest of the storage key in hex. The tag puts the record and
-    /// its wake-up channel in one Cluster slot whatever characters the key holds.
+    /// its wake-up channel (the key followed by `:wake`) in one Cluster slot whatever
+    /// characters the key holds.
     ///
     /// # Example
     ///
@@ -422,244 +195,173 @@ impl RedisStore {
         key_for(&self.shared.prefix, key)
     }
 
-    fn channel(&self, redis_key: &str) -> String {
-        // Same hash tag as the record (the first `{...}`), hence the same slot.
-        format!("{redis_key}:wake")
+    /// Wake-up channels that have local waiters now: 0 once every wait has ended, however
+    /// it ended. For tests and diagnostics.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn run(store: idemkit_redis::RedisStore) {
+    /// assert_eq!(store.waiting_channels(), 0);
+    /// # }
+    /// ```
+    pub fn waiting_channels(&self) -> usize {
+        self.shared.waiters.len()
     }
 
     /// The variants of the scripts that wake waiters, for this deployment.
     fn complete_script(&self) -> &'static scripts::Lua {
         match self.conn {
-            Conn::Single(_) => &scripts::COMPLETE,
             Conn::Cluster(_) => &scripts::COMPLETE_SHARDED,
+            _ => &scripts::COMPLETE,
         }
     }
 
     fn release_script(&self) -> &'static scripts::Lua {
         match self.conn {
-            Conn::Single(_) => &scripts::RELEASE,
             Conn::Cluster(_) => &scripts::RELEASE_SHARDED,
+            _ => &scripts::RELEASE,
         }
     }
 
     fn publish_command(&self) -> &'static str {
         match self.conn {
-            Conn::Single(_) => "PUBLISH",
             Conn::Cluster(_) => "SPUBLISH",
+            _ => "PUBLISH",
         }
     }
 
     async fn subscribe(&self, channel: &str) -> Result<(), RedisError> {
         match self.conn.clone() {
-            Conn::Single(mut c) => c.subscribe(channel).await,
             Conn::Cluster(mut c) => c.ssubscribe(channel).await,
+            Conn::Single(mut c) => c.subscribe(channel).await,
+            Conn::Dedicated(mut c) => c.subscribe(channel).await,
         }
     }
 
     async fn unsubscribe(&self, channel: &str) -> Result<(), RedisError> {
         match self.conn.clone() {
-            Conn::Single(mut c) => c.unsubscribe(channel).await,
             Conn::Cluster(mut c) => c.sunsubscribe(channel).await,
+            Conn::Single(mut c) => c.unsubscribe(channel).await,
+            Conn::Dedicated(mut c) => c.unsubscribe(channel).await,
         }
     }
 
-    /// The durability guard (see [`Builder::wait_for_replicas`]): `Ok` at once without it.
-    async fn replicated(&self) -> Result<(), StoreError> {
-        let Some((replicas, timeout)) = self.shared.replicas else {
-            return Ok(());
-        };
-        let acked: i64 = redis::cmd("WAIT")
-            .arg(replicas)
-            .arg(ms(timeout))
-            .query_async(&mut self.conn.clone())
-            .await
-            .map_err(map_err)?;
-        if acked >= replicas as i64 {
-            Ok(())
-        } else {
-            Err(StoreError::unavailable(format!(
-                "write acknowledged by {acked} of {replicas} replicas within {} ms",
-                ms(timeout)
-            )))
-        }
-    }
-
-    /// `EVALSHA` of `lua` on `rkey` with `args`: one round trip. After a server restart
-    /// (`NOSCRIPT`) the script is loaded and the call sent again. Built as one command
-    /// rather than through `Script::invoke_async`, which copies every argument twice.
+    /// `EVALSHA` of `lua` on `rkey` with `args` on the shared connection: one round trip.
     async fn eval<T: redis::FromRedisValue>(
         &self,
         lua: &scripts::Lua,
         rkey: &str,
         args: impl FnOnce(&mut Cmd),
     ) -> Result<T, StoreError> {
-        // Sized for the largest call (complete: the key, three arguments, one of them the
-        // result), so the argument buffer is rarely grown while writing.
-        let mut cmd = Cmd::with_capacity(10, 128 + 2 * rkey.len());
-        cmd.arg("EVALSHA")
-            .arg(lua.script.get_hash())
-            .arg(1)
-            .arg(rkey);
-        args(&mut cmd);
-        let mut conn = self.conn.clone();
-        match cmd.query_async(&mut conn).await {
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                tracing::debug!("script not in the server's cache (restarted?): loading it");
-                // On a Cluster redis-rs sends SCRIPT LOAD to every primary.
-                redis::cmd("SCRIPT")
-                    .arg("LOAD")
-                    .arg(&lua.source)
-                    .query_async::<String>(&mut conn)
-                    .await
-                    .map_err(map_err)?;
-                cmd.query_async(&mut conn).await.map_err(map_err)
-            }
-            other => other.map_err(map_err),
+        eval_on(&mut self.conn.clone(), lua, rkey, args).await
+    }
+
+    /// A script that writes, then the durability guard's `WAIT` if `needs_wait` says the
+    /// reply wrote something, both on one connection of their own (see `durable`). Without
+    /// the guard, the script alone on the shared connection.
+    async fn eval_guarded(
+        &self,
+        lua: &scripts::Lua,
+        rkey: &str,
+        args: impl FnOnce(&mut Cmd),
+        needs_wait: impl FnOnce(&Value) -> bool,
+    ) -> Result<(Value, Result<(), StoreError>), StoreError> {
+        let Some(durable) = &self.shared.durable else {
+            return Ok((self.eval(lua, rkey, args).await?, Ok(())));
+        };
+        let mut conn = durable.checkout().await?;
+        let reply: Value = eval_on(&mut conn, lua, rkey, args).await?;
+        let acked = if needs_wait(&reply) {
+            durable.replicated(&mut conn, rkey).await
+        } else {
+            Ok(())
+        };
+        if acked
+            .as_ref()
+            .map_or_else(StoreError::is_unavailable, |()| true)
+        {
+            // Good, or a clean "not enough replicas" answer: the connection is fine.
+            durable.checkin(conn);
         }
+        Ok((reply, acked))
     }
 }
 
-/// `begin.lua`'s first argument: the new record's flags byte and owner token, built here so
-/// the script copies them in one piece.
-struct OwnerWithFlags {
-    owner: u128,
-    fingerprint: bool,
-}
-
-impl ToRedisArgs for OwnerWithFlags {
-    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
-        let mut arg = [0u8; 17];
-        arg[0] = u8::from(self.fingerprint);
-        arg[1..].copy_from_slice(&self.owner.to_be_bytes());
-        out.write_arg(&arg);
+/// `EVALSHA` of `lua` on `rkey` with `args`: one round trip. After a server restart
+/// (`NOSCRIPT`) the script is loaded and the call sent again. Built as one command rather
+/// than through `Script::invoke_async`, which copies every argument twice.
+async fn eval_on<T: redis::FromRedisValue>(
+    conn: &mut Conn,
+    lua: &scripts::Lua,
+    rkey: &str,
+    args: impl FnOnce(&mut Cmd),
+) -> Result<T, StoreError> {
+    // Sized for the largest call (complete: the key, three arguments, one of them the
+    // result), so the argument buffer is rarely grown while writing.
+    let mut cmd = Cmd::with_capacity(10, 128 + 2 * rkey.len());
+    cmd.arg("EVALSHA")
+        .arg(lua.script.get_hash())
+        .arg(1)
+        .arg(rkey);
+    args(&mut cmd);
+    match cmd.query_async(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            tracing::debug!("script not in the server's cache (restarted?): loading it");
+            // On a Cluster redis-rs sends SCRIPT LOAD to every primary.
+            redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(&lua.source)
+                .query_async::<String>(conn)
+                .await
+                .map_err(map_err)?;
+            cmd.query_async(conn).await.map_err(map_err)
+        }
+        other => other.map_err(map_err),
     }
-}
-
-/// `complete.lua`'s outcome argument: the completed record's tail (kind, length, bytes),
-/// written straight into the command without an intermediate buffer.
-struct RecordTail<'a>(&'a Completion);
-
-impl ToRedisArgs for RecordTail<'_> {
-    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
-        use std::io::Write as _;
-        let Completion { kind, bytes, .. } = self.0;
-        // The record format's length field is 32 bits; `complete` refuses larger results
-        // before building the command.
-        let len = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
-        let mut w = out.writer_for_next_arg();
-        // Writing into the command's own buffer cannot fail.
-        let _ = w.write_all(&[kind.to_byte()]);
-        let _ = w.write_all(&len.to_be_bytes());
-        let _ = w.write_all(bytes);
-    }
-}
-
-/// Clears the Redis-only "watched" flag of a reservation (see `lua/begin.lua`) so that the
-/// bytes are exactly idemkit's record format.
-fn clear_watched(bytes: &mut [u8]) {
-    if bytes.len() > 5 && bytes.starts_with(b"IDK\x01\x01") {
-        bytes[5] &= 1;
-    }
-}
-
-/// `{prefix}:{<digest>}:{key}`, built by hand: `format!` with a hex width spec cost more
-/// than the rest of a replay's client-side work put together (measured with callgrind).
-fn key_for(prefix: &str, key: &StorageKey) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let key = key.as_str();
-    let mut out = String::with_capacity(prefix.len() + key.len() + 21);
-    out.push_str(prefix);
-    out.push_str(":{");
-    let tag = fnv1a(key.as_bytes());
-    for shift in (0..16).rev() {
-        out.push(HEX[(tag >> (shift * 4)) as usize & 0xf] as char);
-    }
-    out.push_str("}:");
-    out.push_str(key);
-    out
-}
-
-/// 64-bit FNV-1a: stable across processes and versions (it names keys), and fast.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
-
-fn ms(d: Duration) -> u64 {
-    // Round up: a sub-millisecond remainder must not shorten a TTL, and PX 0 is an error.
-    let ms = d.as_millis() as u64;
-    if Duration::from_millis(ms) < d {
-        ms + 1
-    } else {
-        ms.max(1)
-    }
-}
-
-/// Maps a Redis error to what the coordinator must do about it.
-fn map_err(e: RedisError) -> StoreError {
-    let kind = if e.is_io_error()
-        || e.is_timeout()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || matches!(
-            e.code(),
-            Some("LOADING" | "MASTERDOWN" | "CLUSTERDOWN" | "TRYAGAIN" | "BUSY")
-        ) {
-        StoreErrorKind::Unavailable
-    } else if e.code() == Some("WRONGTYPE") {
-        // Something else keeps a hash, list... under our key.
-        StoreErrorKind::Corrupt
-    } else {
-        StoreErrorKind::Other
-    };
-    StoreError::new(kind, e)
-}
-
-fn int(v: Option<&Value>) -> Result<i64, StoreError> {
-    match v {
-        Some(Value::Int(i)) => Ok(*i),
-        other => Err(unexpected(other)),
-    }
-}
-
-fn unexpected(v: Option<&Value>) -> StoreError {
-    StoreError::new(StoreErrorKind::Other, format!("unexpected reply {v:?}"))
-}
-
-fn decode(bytes: &[u8]) -> Result<Record, StoreError> {
-    Record::decode(bytes).map_err(StoreError::corrupt)
-}
-
-/// A release tombstone (see `lua/release.lua`): the key is free.
-fn is_tombstone(bytes: &[u8]) -> bool {
-    bytes.len() == 13 && bytes.starts_with(b"IDK\x01\x03")
 }
 
 impl Store for RedisStore {
+    fn max_ttl(&self) -> Duration {
+        keys::MAX_TTL
+    }
+
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Begin, StoreError> {
         let rkey = self.redis_key(req.key);
         let fingerprint = req.fingerprint.map(|f| f.to_bytes());
-        let reply: Value = self
-            .eval(&scripts::BEGIN, &rkey, |cmd| {
-                cmd.arg(OwnerWithFlags {
-                    owner: req.owner.as_u128(),
-                    fingerprint: fingerprint.is_some(),
-                })
-                .arg(ms(req.lease))
-                .arg(fingerprint.as_ref().map_or(&[][..], |f| &f[..]));
-            })
+        let (reply, acked) = self
+            .eval_guarded(
+                &scripts::BEGIN,
+                &rkey,
+                |cmd| {
+                    cmd.arg(OwnerWithFlags {
+                        owner: req.owner.as_u128(),
+                        fingerprint: fingerprint.is_some(),
+                    })
+                    .arg(ms(req.lease))
+                    .arg(fingerprint.as_ref().map_or(&[][..], |f| &f[..]));
+                },
+                |reply| matches!(reply, Value::Int(n) if *n > 0),
+            )
             .await?;
         match reply {
             Value::Int(0) => Ok(Begin::Mismatch),
             Value::Int(fencing) => {
-                self.replicated().await?;
-                let fencing = FencingToken::new(fencing as u64);
+                let lease = Lease::new(req.owner, FencingToken::new(fencing as u64));
+                if let Err(e) = acked {
+                    // Not durable: give the key back, so that nobody waits for a
+                    // reservation whose caller is told nothing ran (best effort: if this
+                    // fails too, the lease expires).
+                    if let Err(release) = self.release(req.key, &lease).await {
+                        tracing::warn!(key = %req.key, error = %release,
+                            "releasing an unacknowledged reservation failed; it expires with its lease");
+                    }
+                    return Err(e);
+                }
                 Ok(Begin::Reserved {
-                    lease: Lease::new(req.owner, fencing),
+                    lease,
+                    // Redis cannot tell an expired reservation from an absent key: PX
+                    // removed it. Takeovers are not reported (see DESIGN.md).
                     took_over: false,
                 })
             }
@@ -674,9 +376,10 @@ impl Store for RedisStore {
                     _ => Err(StoreError::corrupt("a reservation returned as a result")),
                 }
             }
-            // A live reservation and its remaining lease.
+            // A live reservation of another owner, its remaining lease and Redis' clock.
             Value::Array(mut items) => {
                 let pttl = int(items.get(1))?;
+                let now_us = int(items.get(2))?;
                 let record = match items.first_mut() {
                     Some(Value::BulkString(b)) => {
                         clear_watched(b);
@@ -684,9 +387,17 @@ impl Store for RedisStore {
                     }
                     other => return Err(unexpected(other.as_deref())),
                 };
+                if pttl < 0 {
+                    // We always write reservations with an expiry: one without (PERSIST, a
+                    // hand-made SET) would block the key for ever and make waiters spin.
+                    return Err(StoreError::corrupt("a reservation without an expiry"));
+                }
+                // The fencing token is Redis' clock in µs when the reservation was made.
+                let held_us = (now_us as u64).saturating_sub(record.fencing.get());
                 Ok(Begin::InFlight {
-                    retry_after: Duration::from_millis(pttl.max(0) as u64),
+                    retry_after: Duration::from_millis(pttl as u64),
                     fencing: record.fencing,
+                    held_for: Some(Duration::from_micros(held_us)),
                 })
             }
             other => Err(unexpected(Some(&other))),
@@ -697,20 +408,15 @@ impl Store for RedisStore {
         &self,
         key: &StorageKey,
         lease: &Lease,
-        ttl: Duration,
+        duration: Duration,
     ) -> Result<(), StoreError> {
         let rkey = self.redis_key(key);
         let renewed: i64 = self
             .eval(&scripts::RENEW, &rkey, |cmd| {
-                cmd.arg(&lease.owner.as_u128().to_be_bytes()[..])
-                    .arg(ms(ttl));
+                cmd.arg(LeaseArg(lease)).arg(ms(duration));
             })
             .await?;
-        if renewed == 1 {
-            Ok(())
-        } else {
-            Err(StoreError::lease_lost())
-        }
+        owner_checked(renewed)
     }
 
     async fn complete(
@@ -727,31 +433,30 @@ impl Store for RedisStore {
             ));
         }
         let rkey = self.redis_key(key);
-        let done: i64 = self
-            .eval(self.complete_script(), &rkey, |cmd| {
-                cmd.arg(&lease.owner.as_u128().to_be_bytes()[..])
-                    .arg(ms(completion.ttl))
-                    .arg(RecordTail(completion));
-            })
+        let (reply, acked) = self
+            .eval_guarded(
+                self.complete_script(),
+                &rkey,
+                |cmd| {
+                    cmd.arg(LeaseArg(lease))
+                        .arg(ms(completion.ttl))
+                        .arg(RecordTail(completion));
+                },
+                |reply| matches!(reply, Value::Int(1)),
+            )
             .await?;
-        if done != 1 {
-            return Err(StoreError::lease_lost());
-        }
-        self.replicated().await
+        owner_checked(int(Some(&reply))?)?;
+        acked
     }
 
     async fn release(&self, key: &StorageKey, lease: &Lease) -> Result<(), StoreError> {
         let rkey = self.redis_key(key);
         let done: i64 = self
             .eval(self.release_script(), &rkey, |cmd| {
-                cmd.arg(&lease.owner.as_u128().to_be_bytes()[..]);
+                cmd.arg(LeaseArg(lease));
             })
             .await?;
-        if done == 1 {
-            Ok(())
-        } else {
-            Err(StoreError::lease_lost())
-        }
+        owner_checked(done)
     }
 
     async fn wait(
@@ -761,40 +466,55 @@ impl Store for RedisStore {
         timeout: Duration,
     ) -> Result<(), StoreError> {
         let rkey = self.redis_key(key);
-        let channel = self.channel(&rkey);
-        let (notify, first) = self.shared.waiters.join(channel.as_bytes());
+        let store = self.clone();
+        // Dropped however this wait ends, a cancellation included: the last local waiter of
+        // the channel unsubscribes (in the background, off the waiter's path).
+        let registration = self.shared.waiters.join(channel(&rkey), move |channel| {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    let _wire = store.shared.pubsub.lock().await;
+                    if store.shared.waiters.has(&channel) {
+                        return; // a new waiter came: it subscribed (or will), keep it
+                    }
+                    if let Err(e) = store.unsubscribe(&channel).await {
+                        tracing::debug!(error = %e, "unsubscribe failed");
+                    }
+                });
+            }
+        });
         // Created before subscribing: a message from then on is not lost.
+        let notify = registration.notify.clone();
         let notified = notify.notified();
-        let result = async {
-            if first {
-                self.subscribe(&channel).await.map_err(map_err)?;
-            }
-            // Subscribed; now check the reservation is still the live state and ask for a
-            // wake-up (the owner may have finished between the caller's `begin` and here).
-            let pttl: i64 = self
-                .eval(&scripts::WATCH, &rkey, |cmd| {
-                    cmd.arg(&seen.get().to_be_bytes()[..]);
-                })
-                .await?;
-            if pttl > 0 {
-                // Never past the lease: an owner that died publishes nothing.
-                let until = timeout.min(Duration::from_millis(pttl as u64));
-                let _ = tokio::time::timeout(until, notified).await;
-            }
-            Ok(())
+        // Every waiter waits for the channel's subscription before it checks the record, so
+        // a completion after its check is published to a subscribed connection.
+        let subscribed = registration
+            .subscribed
+            .get_or_try_init(|| async {
+                let _wire = self.shared.pubsub.lock().await;
+                self.subscribe(&channel(&rkey)).await
+            })
+            .await;
+        if let Err(e) = subscribed {
+            // No push: fall back to the lease's end, the bound every wait has anyway.
+            tracing::debug!(error = %e, "subscribe failed; waiting for the lease's end");
         }
-        .await;
-        if self.shared.waiters.leave(channel.as_bytes()) {
-            // Nobody else waits on this key here: unsubscribe in the background, off the
-            // waiter's path (a failure only leaves a harmless subscription until reconnect).
-            let store = self.clone();
-            tokio::spawn(async move {
-                if let Err(e) = store.unsubscribe(&channel).await {
-                    tracing::debug!(error = %e, "unsubscribe failed");
-                }
-            });
+        // Now check the reservation is still the live state and ask for a wake-up (the
+        // owner may have finished between the caller's `begin` and here).
+        let pttl: i64 = self
+            .eval(&scripts::WATCH, &rkey, |cmd| {
+                cmd.arg(&seen.get().to_be_bytes()[..]);
+            })
+            .await?;
+        if pttl == -1 {
+            return Err(StoreError::corrupt("a reservation without an expiry"));
         }
-        result
+        if pttl > 0 {
+            // Never past the lease: an owner that died publishes nothing.
+            let until = timeout.min(Duration::from_millis(pttl as u64));
+            let _ = tokio::time::timeout(until, notified).await;
+        }
+        drop(registration);
+        Ok(())
     }
 
     async fn get(&self, key: &StorageKey) -> Result<Option<Record>, StoreError> {
@@ -845,7 +565,7 @@ impl RawStore for RedisStore {
         let mut pipe = Pipeline::new();
         pipe.del(&rkey)
             .cmd(self.publish_command())
-            .arg(self.channel(&rkey))
+            .arg(channel(&rkey))
             .arg("")
             .ignore();
         let (deleted,): (i64,) = pipe
@@ -853,74 +573,5 @@ impl RawStore for RedisStore {
             .await
             .map_err(map_err)?;
         Ok(deleted > 0)
-    }
-}
-
-// ===== connection =====
-
-/// A single-node or Cluster connection, behind one `ConnectionLike` so scripts and
-/// pipelines run on either.
-#[derive(Clone)]
-enum Conn {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
-}
-
-impl ConnectionLike for Conn {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Conn::Single(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        cmd: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Conn::Single(c) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ttls_round_up_to_whole_milliseconds() {
-        assert_eq!(ms(Duration::from_millis(1_500)), 1_500);
-        assert_eq!(ms(Duration::from_micros(1_500_001)), 1_501);
-        assert_eq!(ms(Duration::from_nanos(1)), 1);
-        assert_eq!(ms(Duration::ZERO), 1);
-    }
-
-    #[test]
-    fn redis_keys_carry_the_digest_as_a_hash_tag() {
-        let sk = StorageKey::new(
-            &idemkit_core::Operation::new("op").unwrap(),
-            None,
-            &idemkit_core::Key::new("a{b}").unwrap(),
-        );
-        let digest = format!("{:016x}", fnv1a(sk.as_str().as_bytes()));
-        assert_eq!(key_for("p", &sk), format!("p:{{{digest}}}:{}", sk.as_str()));
-    }
-
-    #[test]
-    fn fnv1a_is_the_reference_function() {
-        // Published test vectors of 64-bit FNV-1a.
-        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
-        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
     }
 }

@@ -1,4 +1,4 @@
-//! The store conformance suite on the machine's Redis (`IDEMKIT_REDIS_URL`), every check in
+//! The store and coordinator conformance suites on the machine's Redis (`IDEMKIT_REDIS_URL`), every check in
 //! its own key prefix, in parallel. Time passes for real here: leases and TTLs expire by
 //! Redis' clock, which the tests cannot pause.
 
@@ -30,6 +30,14 @@ impl Harness for Standalone {
 }
 
 idemkit_test::store_conformance!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    Standalone
+);
+idemkit_test::raw_store_conformance!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    Standalone
+);
+idemkit_test::coordinator_conformance!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     Standalone
 );

@@ -7,7 +7,10 @@ use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idemkit_core::{Coordinator, ErrorKind, Key, Operation, Source};
+use idemkit_core::{
+    BeginRequest, Coordinator, ErrorKind, InFlight, Key, Operation, OwnerToken, Policy, RawStore,
+    Source, StorageKey, Store,
+};
 use idemkit_redis::RedisStore;
 use support::RedisProcess;
 
@@ -65,11 +68,78 @@ async fn with_the_guard_an_unreplicated_reservation_runs_nothing() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 
     // Without the guard the same primary accepts the call: the guard made the difference.
-    let unguarded = Coordinator::new(RedisStore::connect(&primary.url()).await.unwrap());
+    let unguarded = Coordinator::builder(RedisStore::connect(&primary.url()).await.unwrap())
+        .policy(Policy::default().in_flight(InFlight::Reject))
+        .build();
     let out = unguarded
         .call(&op, &Key::new("c").unwrap())
         .run(action)
         .await
         .unwrap();
     assert_eq!(out.source, Source::Fresh);
+    // And the refused key was given back: before, the unacknowledged reservation of "b"
+    // stayed for a whole lease (`InFlight { retry_after: ~15 s }`).
+    let b = unguarded
+        .call(&op, &Key::new("b").unwrap())
+        .run(action)
+        .await
+        .unwrap();
+    assert_eq!(b.source, Source::Fresh);
+}
+
+/// Before: `WAIT` ran on the shared multiplexed connection, so a `get` queued behind ten
+/// guarded `begin`s (each `WAIT 1 300` with no replica: 3 s of blocking in all) failed with
+/// the 1 s response timeout. Now each guarded write has a connection of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_wait_does_not_hold_up_the_other_commands() {
+    let primary = RedisProcess::start(&[]);
+    let store = RedisStore::builder()
+        .wait_for_replicas(1, Duration::from_millis(300))
+        .response_timeout(Duration::from_secs(1))
+        .connect(&primary.url())
+        .await
+        .unwrap();
+    let key = StorageKey::new(
+        &Operation::new("op").unwrap(),
+        None,
+        &Key::new("done").unwrap(),
+    );
+    // A completed record to read, written without the guard.
+    let plain = RedisStore::connect(&primary.url()).await.unwrap();
+    plain
+        .put_raw(&key, "not a record".into(), Duration::from_secs(60))
+        .await
+        .unwrap();
+    let begins: Vec<_> = (0..10)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let k = StorageKey::new(
+                    &Operation::new("op").unwrap(),
+                    None,
+                    &Key::new(format!("k{i}")).unwrap(),
+                );
+                store
+                    .begin(&BeginRequest::new(
+                        &k,
+                        OwnerToken::random(),
+                        Duration::from_secs(15),
+                    ))
+                    .await
+            })
+        })
+        .collect();
+    // Long enough for all five scripts to have answered and their WAITs to be sent.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Answers (Corrupt, the foreign bytes) rather than timing out as unavailable.
+    let got = store.get(&key).await;
+    assert_eq!(
+        got.unwrap_err().kind(),
+        idemkit_core::StoreErrorKind::Corrupt,
+        "the get was held up behind the WAITs"
+    );
+    for b in begins {
+        let refused = b.await.unwrap().unwrap_err();
+        assert!(refused.is_unavailable(), "{refused}");
+    }
 }

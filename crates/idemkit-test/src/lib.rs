@@ -1,11 +1,13 @@
-//! Test support for idemkit stores: the conformance suite every [`Store`](idemkit_core::Store) passes, and
-//! [`Probe`], a store wrapper that counts calls per phase and injects outages.
+//! Test support for idemkit stores: the conformance suites every [`Store`]
+//! passes (the store contract, and the coordinator's scenarios on top of it), and [`Probe`], a
+//! store wrapper that counts calls per phase and injects outages.
 //!
 //! # The conformance suite
 //!
 //! A store crate implements [`Harness`] (a fresh store in its own namespace, and a way to let
-//! time pass on the store's clock) and invokes [`store_conformance!`] once, with the test
-//! attribute its runtime needs:
+//! time pass on the store's clock) and invokes [`store_conformance!`] and
+//! [`coordinator_conformance!`] once each, with the test attribute its runtime needs (and
+//! [`raw_store_conformance!`] too if it implements [`RawStore`]):
 //!
 //! ```
 //! use std::time::Duration;
@@ -23,6 +25,8 @@
 //!
 //! // In a test file:
 //! // idemkit_test::store_conformance!(#[tokio::test(start_paused = true)] Memory);
+//! // idemkit_test::raw_store_conformance!(#[tokio::test(start_paused = true)] Memory);
+//! // idemkit_test::coordinator_conformance!(#[tokio::test(start_paused = true)] Memory);
 //! ```
 //!
 //! Every test uses its own keys (random names), so the suite runs in parallel against one
@@ -31,8 +35,9 @@
 use std::future::Future;
 use std::time::Duration;
 
-use idemkit_core::{Key, Operation, RawStore, StorageKey};
+use idemkit_core::{Key, Operation, RawStore, StorageKey, Store};
 
+pub mod coordinator;
 mod effects;
 mod probe;
 pub mod suite;
@@ -42,8 +47,9 @@ pub use probe::{Fault, Probe, ProbeCounts};
 
 /// What the conformance suite needs from a store under test.
 pub trait Harness: Send + Sync + Sized + 'static {
-    /// The store type.
-    type Store: RawStore;
+    /// The store type. Checks that write raw bytes ([`raw_store_conformance!`]) and the
+    /// coordinator check that purges a key also need [`RawStore`].
+    type Store: Store;
 
     /// A store handle whose keys no other test touches.
     fn store(&self) -> impl Future<Output = Self::Store> + Send;
@@ -110,17 +116,55 @@ macro_rules! __with_checks {
             wait_wakes_on_release,
             wait_returns_at_once_when_already_changed,
             wait_ends_at_lease_expiry,
-            corrupt_and_foreign_records_are_typed_errors,
             completed_ttl_is_exact,
             completion_is_idempotent_for_its_owner,
             fencing_tokens_strictly_increase,
             get_reports_the_record,
+            begin_is_idempotent_for_its_own_owner,
+            a_reused_owner_token_cannot_act_on_a_later_reservation,
+            the_longest_durations_are_kept,
+            two_waiters_are_both_woken,
+            a_cancelled_wait_leaves_the_key_wakeable,
+            complete_after_expiry_before_takeover_is_refused
+        }
+    };
+}
+
+/// The checks that need [`RawStore`].
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __with_raw_checks {
+    ($then:ident!($($args:tt)*)) => {
+        $crate::$then! { $($args)*;
+            corrupt_and_foreign_records_are_typed_errors,
             purge_removes_anything
         }
     };
 }
 
-/// Generates one `#[test]` per conformance check for a [`Harness`].
+/// The coordinator checks: `(module; check, ...)`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __with_coordinator_checks {
+    ($then:ident!($($args:tt)*)) => {
+        $crate::$then! { $($args)*;
+            a_replay_returns_the_first_result_without_running,
+            concurrent_waiters_get_one_result,
+            concurrent_callers_in_reject_mode_run_once,
+            a_dead_owner_is_taken_over_after_its_lease,
+            a_stale_owner_cannot_clobber_its_successor,
+            a_reused_key_is_refused_in_flight_and_after,
+            dropping_a_call_mid_action_releases_the_key,
+            a_cancelled_waiter_changes_nothing,
+            a_short_outage_at_completion_is_retried,
+            a_store_outage_fails_closed_or_open,
+            a_permanent_error_is_stored_and_replayed,
+            durations_at_the_extremes
+        }
+    };
+}
+
+/// Generates one `#[test]` per store conformance check for a [`Harness`].
 ///
 /// `store_conformance!(#[tokio::test(start_paused = true)] MyHarness);`
 #[macro_export]
@@ -128,7 +172,33 @@ macro_rules! store_conformance {
     (#[$attr:meta] $harness:expr) => {
         $crate::__with_checks!(__conformance_tests!(
             #[$attr]
-            $harness
+            $harness; suite
+        ));
+    };
+}
+
+/// Generates one `#[test]` per check that writes raw bytes (corrupt and foreign records,
+/// purge), for a store that implements [`RawStore`].
+#[macro_export]
+macro_rules! raw_store_conformance {
+    (#[$attr:meta] $harness:expr) => {
+        $crate::__with_raw_checks!(__conformance_tests!(
+            #[$attr]
+            $harness; suite
+        ));
+    };
+}
+
+/// Generates one `#[test]` per coordinator scenario ([`coordinator`]) for a [`Harness`] whose
+/// store implements [`RawStore`].
+///
+/// `coordinator_conformance!(#[tokio::test(start_paused = true)] MyHarness);`
+#[macro_export]
+macro_rules! coordinator_conformance {
+    (#[$attr:meta] $harness:expr) => {
+        $crate::__with_coordinator_checks!(__conformance_tests!(
+            #[$attr]
+            $harness; coordinator
         ));
     };
 }
@@ -136,19 +206,19 @@ macro_rules! store_conformance {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __spawn_checks {
-    ($harness:expr; $($name:ident),* $(,)?) => {{
+    ($harness:expr; $module:ident; $($name:ident),* $(,)?) => {{
         let mut tasks = Vec::new();
         $(
             let h = ::std::sync::Arc::clone(&$harness);
-            tasks.push((stringify!($name), ::tokio::spawn(async move { $crate::suite::$name(&*h).await })));
+            tasks.push((stringify!($name), ::tokio::spawn(async move { $crate::$module::$name(&*h).await })));
         )*
         tasks
     }};
 }
 
-/// Runs every conformance check concurrently on one harness, in one test: for a service
-/// that a test starts itself and must stop at its end (a Redis Cluster, say). Panics with
-/// the names of the checks that failed.
+/// Runs every conformance check (store, raw store and coordinator) concurrently on one
+/// harness, in one test: for a service that a test starts itself and must stop at its end (a
+/// Redis Cluster, say). Panics with the names of the checks that failed.
 ///
 /// # Example
 ///
@@ -164,8 +234,15 @@ macro_rules! __spawn_checks {
 /// idemkit_test::run_all(Arc::new(H)).await;
 /// # }
 /// ```
-pub async fn run_all<H: Harness>(harness: std::sync::Arc<H>) {
-    let tasks = __with_checks!(__spawn_checks!(harness));
+pub async fn run_all<H: Harness>(harness: std::sync::Arc<H>)
+where
+    H::Store: RawStore,
+{
+    let mut tasks = __with_checks!(__spawn_checks!(harness; suite));
+    tasks.extend(__with_raw_checks!(__spawn_checks!(harness; suite)));
+    tasks.extend(__with_coordinator_checks!(
+        __spawn_checks!(harness; coordinator)
+    ));
     let mut failed = Vec::new();
     for (name, task) in tasks {
         if task.await.is_err() {
@@ -178,13 +255,13 @@ pub async fn run_all<H: Harness>(harness: std::sync::Arc<H>) {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __conformance_tests {
-    (#[$attr:meta] $harness:expr; $($name:ident),* $(,)?) => {
+    (#[$attr:meta] $harness:expr; $module:ident; $($name:ident),* $(,)?) => {
         $(
             #[$attr]
             async fn $name() {
                 let harness = $harness;
                 if $crate::Harness::available(&harness).await {
-                    $crate::suite::$name(&harness).await;
+                    $crate::$module::$name(&harness).await;
                 }
             }
         )*

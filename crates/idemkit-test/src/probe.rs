@@ -33,6 +33,8 @@ pub enum Fault {
     Complete,
     /// `release` returns `Unavailable`.
     Release,
+    /// `wait` returns `Unavailable`.
+    Wait,
 }
 
 /// Calls seen by a [`Probe`], per phase.
@@ -76,7 +78,10 @@ impl ProbeCounts {
 #[derive(Debug, Default)]
 struct State {
     calls: [AtomicUsize; 6],
-    faults: [AtomicBool; 4],
+    faults: [AtomicBool; 5],
+    /// Per phase: how many of the next calls never answer (a store that accepted the
+    /// request and went silent).
+    hangs: [AtomicUsize; 5],
     /// While set, `complete` waits for [`Probe::open_complete`] before reaching the store.
     hold_complete: AtomicBool,
     complete_gate: Notify,
@@ -136,6 +141,21 @@ impl<S: Store> Probe<S> {
         self.state.faults[fault as usize].store(on, Ordering::SeqCst);
     }
 
+    /// Makes the next `n` calls of a phase never answer: they stay pending until the caller
+    /// gives up (a store that took the request and went silent). Later calls work.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use idemkit_core::MemoryStore;
+    /// use idemkit_test::{Fault, Probe};
+    /// let probe = Probe::new(MemoryStore::new());
+    /// probe.hang_next(Fault::Renew, 1);
+    /// ```
+    pub fn hang_next(&self, fault: Fault, n: usize) {
+        self.state.hangs[fault as usize].store(n, Ordering::SeqCst);
+    }
+
     /// Makes `complete` wait until [`open_complete`](Probe::open_complete).
     ///
     /// # Example
@@ -193,8 +213,17 @@ impl<S: Store> Probe<S> {
         }
     }
 
-    fn enter(&self, call: usize, fault: Option<Fault>) -> Result<(), StoreError> {
+    async fn enter(&self, call: usize, fault: Option<Fault>) -> Result<(), StoreError> {
         self.state.calls[call].fetch_add(1, Ordering::SeqCst);
+        if let Some(f) = fault {
+            let hangs = &self.state.hangs[f as usize];
+            if hangs
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                std::future::pending::<()>().await;
+            }
+        }
         match fault {
             Some(f) if self.state.faults[f as usize].load(Ordering::SeqCst) => {
                 Err(StoreError::unavailable(format!("injected {f:?} outage")))
@@ -206,7 +235,7 @@ impl<S: Store> Probe<S> {
 
 impl<S: Store> Store for Probe<S> {
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Begin, StoreError> {
-        self.enter(0, Some(Fault::Begin))?;
+        self.enter(0, Some(Fault::Begin)).await?;
         self.inner.begin(req).await
     }
 
@@ -216,7 +245,7 @@ impl<S: Store> Store for Probe<S> {
         lease: &Lease,
         ttl: Duration,
     ) -> Result<(), StoreError> {
-        self.enter(1, Some(Fault::Renew))?;
+        self.enter(1, Some(Fault::Renew)).await?;
         self.inner.renew(key, lease, ttl).await
     }
 
@@ -226,7 +255,7 @@ impl<S: Store> Store for Probe<S> {
         lease: &Lease,
         completion: &Completion,
     ) -> Result<(), StoreError> {
-        self.enter(2, Some(Fault::Complete))?;
+        self.enter(2, Some(Fault::Complete)).await?;
         loop {
             let opened = self.state.complete_gate.notified();
             if !self.state.hold_complete.load(Ordering::SeqCst) {
@@ -238,7 +267,7 @@ impl<S: Store> Store for Probe<S> {
     }
 
     async fn release(&self, key: &StorageKey, lease: &Lease) -> Result<(), StoreError> {
-        self.enter(3, Some(Fault::Release))?;
+        self.enter(3, Some(Fault::Release)).await?;
         self.inner.release(key, lease).await
     }
 
@@ -248,12 +277,12 @@ impl<S: Store> Store for Probe<S> {
         seen: FencingToken,
         timeout: Duration,
     ) -> Result<(), StoreError> {
-        self.enter(4, None)?;
+        self.enter(4, Some(Fault::Wait)).await?;
         self.inner.wait(key, seen, timeout).await
     }
 
     async fn get(&self, key: &StorageKey) -> Result<Option<Record>, StoreError> {
-        self.enter(5, None)?;
+        self.enter(5, None).await?;
         self.inner.get(key).await
     }
 }

@@ -224,6 +224,7 @@ pub async fn renew_extends_the_lease<H: Harness>(h: &H) {
         Begin::InFlight {
             fencing,
             retry_after,
+            ..
         } => {
             assert_eq!(fencing, lease.fencing);
             assert!(
@@ -338,7 +339,10 @@ pub async fn wait_ends_at_lease_expiry<H: Harness>(h: &H) {
 
 /// Bytes under a key that are not a record of ours give `Corrupt`, never a panic and never a
 /// silent overwrite; purging them frees the key.
-pub async fn corrupt_and_foreign_records_are_typed_errors<H: Harness>(h: &H) {
+pub async fn corrupt_and_foreign_records_are_typed_errors<H: Harness>(h: &H)
+where
+    H::Store: RawStore,
+{
     let store = h.store().await;
     let good = Record {
         state: RecordState::Reserved,
@@ -358,6 +362,9 @@ pub async fn corrupt_and_foreign_records_are_typed_errors<H: Harness>(h: &H) {
         Vec::new(),
         future_version,
         truncated,
+        // A record head too short to hold a record (a damaged value): once a Lua error.
+        b"IDK\x01\x01".to_vec(),
+        b"IDK\x01\x02".to_vec(),
     ] {
         let key = unique_key("corrupt");
         store
@@ -516,7 +523,10 @@ pub async fn get_reports_the_record<H: Harness>(h: &H) {
 }
 
 /// `purge` deletes whatever is there, whoever owns it, and says whether there was anything.
-pub async fn purge_removes_anything<H: Harness>(h: &H) {
+pub async fn purge_removes_anything<H: Harness>(h: &H)
+where
+    H::Store: RawStore,
+{
     let store = h.store().await;
     let key = unique_key("purge");
     assert!(!store.purge(&key).await.expect("purge"));
@@ -528,4 +538,177 @@ pub async fn purge_removes_anything<H: Harness>(h: &H) {
         store.complete(&key, &lease, &value("1")).await,
         "complete after purge",
     );
+}
+
+/// A `begin` sent again by the owner that already holds the key (its first reply was lost,
+/// a client retried it) gets its own reservation back, not "in flight".
+pub async fn begin_is_idempotent_for_its_own_owner<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let key = unique_key("begin-twice");
+    let first = req(&key);
+    let lease = match store.begin(&first).await.expect("begin") {
+        Begin::Reserved { lease, .. } => lease,
+        other => panic!("expected a reservation, got {other:?}"),
+    };
+    match store.begin(&first).await.expect("begin again") {
+        Begin::Reserved { lease: again, .. } => assert_eq!(again, lease),
+        other => panic!("the owner's own retried begin got {other:?}"),
+    }
+    // Anybody else still sees it in flight.
+    assert!(matches!(
+        store.begin(&req(&key)).await.expect("begin"),
+        Begin::InFlight { .. }
+    ));
+    store
+        .complete(&key, &lease, &value("1"))
+        .await
+        .expect("complete");
+}
+
+/// A lease is its owner token *and* its fencing token: an owner token used again for a later
+/// reservation of the key (a fixed worker id) cannot renew, complete or release that later
+/// reservation with the earlier lease.
+pub async fn a_reused_owner_token_cannot_act_on_a_later_reservation<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let key = unique_key("reused-owner");
+    let owner = OwnerToken::random();
+    let begin = |key| BeginRequest::new(key, owner, LEASE);
+    let stale = match store.begin(&begin(&key)).await.expect("begin") {
+        Begin::Reserved { lease, .. } => lease,
+        other => panic!("{other:?}"),
+    };
+    h.advance(LEASE + Duration::from_millis(100)).await;
+    let fresh = match store.begin(&begin(&key)).await.expect("begin") {
+        Begin::Reserved { lease, .. } => lease,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(fresh.owner, stale.owner);
+    assert!(fresh.fencing > stale.fencing);
+    assert_lease_lost(store.renew(&key, &stale, LEASE).await, "stale renew");
+    assert_lease_lost(
+        store.complete(&key, &stale, &value("\"stale\"")).await,
+        "stale complete",
+    );
+    assert_lease_lost(store.release(&key, &stale).await, "stale release");
+    // The later reservation is untouched and still works.
+    store
+        .complete(&key, &fresh, &value("\"fresh\""))
+        .await
+        .expect("fresh complete");
+    match store.begin(&req(&key)).await.expect("begin") {
+        Begin::Completed(c) => assert_eq!(c.fencing, fresh.fencing),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The longest lease and TTL the store declares are kept, not refused or overflowed.
+pub async fn the_longest_durations_are_kept<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let key = unique_key("longest");
+    let max = store.max_ttl();
+    let lease = match store
+        .begin(&BeginRequest::new(&key, OwnerToken::random(), max))
+        .await
+        .expect("begin")
+    {
+        Begin::Reserved { lease, .. } => lease,
+        other => panic!("{other:?}"),
+    };
+    store.renew(&key, &lease, max).await.expect("renew");
+    let c = Completion::new(OutcomeKind::Value, "1", max);
+    store.complete(&key, &lease, &c).await.expect("complete");
+    assert!(matches!(
+        store.begin(&req(&key)).await.expect("begin"),
+        Begin::Completed(_)
+    ));
+    assert!(store.get(&key).await.expect("get").is_some());
+}
+
+/// Two waiters on one reservation are both woken by its completion, well before the lease
+/// would have ended.
+pub async fn two_waiters_are_both_woken<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let key = unique_key("two-waiters");
+    let lease = reserve(&store, &key).await;
+    store
+        .renew(&key, &lease, Duration::from_secs(30))
+        .await
+        .expect("renew");
+    let waiter = |store: H::Store, key: StorageKey| {
+        tokio::spawn(async move {
+            store
+                .wait(&key, lease.fencing, Duration::from_secs(30))
+                .await
+                .expect("wait");
+        })
+    };
+    let (a, b) = (
+        waiter(store.clone(), key.clone()),
+        waiter(store.clone(), key.clone()),
+    );
+    h.advance(Duration::from_millis(200)).await;
+    store
+        .complete(&key, &lease, &value("1"))
+        .await
+        .expect("complete");
+    // Bounded far below the 30 s lease: a waiter that missed the push would sleep until then.
+    for w in [a, b] {
+        tokio::time::timeout(Duration::from_secs(10), w)
+            .await
+            .expect("a waiter was not woken")
+            .expect("waiter task");
+    }
+}
+
+/// A waiter whose future is dropped mid-wait leaves the key as it was: a later waiter is
+/// still woken by the completion.
+pub async fn a_cancelled_wait_leaves_the_key_wakeable<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let key = unique_key("cancelled-wait");
+    let lease = reserve(&store, &key).await;
+    store
+        .renew(&key, &lease, Duration::from_secs(30))
+        .await
+        .expect("renew");
+    let cancelled = tokio::time::timeout(
+        Duration::from_millis(100),
+        store.wait(&key, lease.fencing, Duration::from_secs(30)),
+    )
+    .await;
+    assert!(cancelled.is_err(), "the wait should still be waiting");
+    let later = {
+        let (store, key) = (store.clone(), key.clone());
+        tokio::spawn(async move {
+            store
+                .wait(&key, lease.fencing, Duration::from_secs(30))
+                .await
+                .expect("wait");
+        })
+    };
+    h.advance(Duration::from_millis(200)).await;
+    store
+        .complete(&key, &lease, &value("1"))
+        .await
+        .expect("complete");
+    tokio::time::timeout(Duration::from_secs(10), later)
+        .await
+        .expect("the later waiter was not woken")
+        .expect("waiter task");
+}
+
+/// An owner whose lease expired cannot complete, even while nobody has taken the key over
+/// yet; the key is then free for the next caller.
+pub async fn complete_after_expiry_before_takeover_is_refused<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let key = unique_key("late-complete");
+    let lease = reserve(&store, &key).await;
+    h.advance(LEASE + Duration::from_millis(100)).await;
+    assert_lease_lost(
+        store.complete(&key, &lease, &value("\"late\"")).await,
+        "late complete",
+    );
+    assert!(matches!(
+        store.begin(&req(&key)).await.expect("begin"),
+        Begin::Reserved { .. }
+    ));
 }

@@ -1,4 +1,4 @@
-//! `idemkit bench`: idemkit on Redis against the physical floor, measured in one run.
+//! The measurements: idemkit on Redis against the physical floor, measured in one run.
 //!
 //! For each concurrency (1 and 64 tasks) it times, on the same server and through the same
 //! client library:
@@ -23,24 +23,24 @@ use idemkit_redis::RedisStore;
 use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
 
-/// The benchmark's command-line arguments, shared by `idemkit bench` and `idemkit-bench`.
+/// The benchmark's command-line arguments, of `idemkit-bench`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct BenchArgs {
+pub(crate) struct BenchArgs {
     /// The Redis server.
     #[arg(long, default_value = "redis://127.0.0.1:6379")]
-    pub store: String,
+    pub(crate) store: String,
     /// Operations per case at concurrency 64 (a tenth of it at concurrency 1).
     #[arg(long, default_value_t = 100_000)]
-    pub ops: usize,
+    pub(crate) ops: usize,
     /// Tokio worker threads for the client: 1 is a current-thread runtime, which leaves
     /// the second core to Redis.
     #[arg(long, default_value_t = 1)]
-    pub workers: usize,
+    pub(crate) workers: usize,
     /// Rounds: every case runs this many times, the cases of one round after another, and
     /// each row reports the round with the median throughput. On a noisy machine one
     /// round can be off by a quarter; interleaved rounds keep the comparison fair.
     #[arg(long, default_value_t = 3)]
-    pub rounds: usize,
+    pub(crate) rounds: usize,
 }
 
 /// The client runtime a benchmark runs on: a current-thread runtime for `workers <= 1`
@@ -56,7 +56,7 @@ pub struct BenchArgs {
 /// let rt = idemkit_cli::bench::runtime(1).unwrap();
 /// assert_eq!(rt.block_on(async { 1 + 1 }), 2);
 /// ```
-pub fn runtime(workers: usize) -> std::io::Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime(workers: usize) -> std::io::Result<tokio::runtime::Runtime> {
     if workers <= 1 {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -71,41 +71,41 @@ pub fn runtime(workers: usize) -> std::io::Result<tokio::runtime::Runtime> {
 
 /// One measured row.
 #[derive(Debug, Clone)]
-pub struct Row {
+pub(crate) struct Row {
     /// What was measured.
-    pub case: &'static str,
+    pub(crate) case: &'static str,
     /// Concurrent tasks.
-    pub concurrency: usize,
+    pub(crate) concurrency: usize,
     /// Operations per second.
-    pub ops_per_sec: f64,
+    pub(crate) ops_per_sec: f64,
     /// Median latency.
     pub p50: Duration,
     /// 99th percentile latency.
     pub p99: Duration,
     /// Client commands per call: counted by `MONITOR` on a sequential sample (commands run
     /// inside scripts are not client commands and are not counted).
-    pub commands_per_call: f64,
+    pub(crate) commands_per_call: f64,
     /// Redis CPU per call in µs, from `INFO commandstats` deltas: the scripts' time (which
     /// includes the commands they run) or, for a case without scripts, all its commands.
-    pub redis_usec_per_call: f64,
+    pub(crate) redis_usec_per_call: f64,
     /// All of Redis' CPU per call in µs (`INFO cpu`: user + system, main thread and
     /// background): the scripts plus reading, parsing and answering the commands.
-    pub redis_cpu_usec_per_call: f64,
+    pub(crate) redis_cpu_usec_per_call: f64,
     /// Redis' CPU over the case's wall time: near 100% means Redis was the bottleneck.
-    pub redis_busy: f64,
+    pub(crate) redis_busy: f64,
 }
 
 /// The whole report.
 #[derive(Debug, Clone)]
-pub struct Report {
+pub(crate) struct Report {
     /// Tokio worker threads the client ran on.
-    pub workers: usize,
+    pub(crate) workers: usize,
     /// Rounds folded into this report (see [`Report::median_of`]).
-    pub rounds: usize,
+    pub(crate) rounds: usize,
     /// The throughput and latency rows.
-    pub rows: Vec<Row>,
+    pub(crate) rows: Vec<Row>,
     /// Waiter wake-up latencies, sorted.
-    pub wakeups: Vec<Duration>,
+    pub(crate) wakeups: Vec<Duration>,
 }
 
 /// A connection for measuring: raw commands, `INFO`, `MONITOR`.
@@ -130,7 +130,7 @@ pub struct Report {
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone)]
-pub struct Bench {
+pub(crate) struct Bench {
     client: redis::Client,
     raw: MultiplexedConnection,
 }
@@ -141,7 +141,7 @@ impl Bench {
     /// # Errors
     ///
     /// The server cannot be reached.
-    pub async fn connect(url: &str) -> Result<Self, String> {
+    pub(crate) async fn connect(url: &str) -> Result<Self, String> {
         let client = redis::Client::open(url).map_err(|e| e.to_string())?;
         let raw = client
             .get_multiplexed_async_connection()
@@ -151,7 +151,7 @@ impl Bench {
     }
 
     /// A plain connection through the same client library (for the floor).
-    pub fn raw(&self) -> MultiplexedConnection {
+    pub(crate) fn raw(&self) -> MultiplexedConnection {
         self.raw.clone()
     }
 
@@ -161,7 +161,7 @@ impl Bench {
     /// # Errors
     ///
     /// A Redis error from `INFO` or `MONITOR`.
-    pub async fn measure<F, Fut>(
+    pub(crate) async fn measure<F, Fut>(
         &self,
         case: &'static str,
         concurrency: usize,
@@ -302,7 +302,7 @@ impl Bench {
 /// # Errors
 ///
 /// A Redis error (connection refused...), as text.
-pub async fn run(url: &str, ops: usize, workers: usize) -> Result<Report, String> {
+pub(crate) async fn run(url: &str, ops: usize, workers: usize) -> Result<Report, String> {
     let bench = Bench::connect(url).await?;
     let store = RedisStore::builder()
         .prefix(format!("idemkit-bench:{:x}", fastrand::u64(..)))
@@ -414,7 +414,7 @@ pub async fn run(url: &str, ops: usize, workers: usize) -> Result<Report, String
 /// println!("{report}");
 /// # Ok(()) }
 /// ```
-pub async fn rounds<F, Fut>(rounds: usize, mut round: F) -> Result<Report, String>
+pub(crate) async fn rounds<F, Fut>(rounds: usize, mut round: F) -> Result<Report, String>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Report, String>>,
@@ -451,7 +451,7 @@ impl Report {
     /// assert_eq!((report.rounds, report.rows[0].ops_per_sec), (3, 2.0));
     /// assert_eq!(report.wakeups.len(), 3);
     /// ```
-    pub fn median_of(rounds: Vec<Report>) -> Option<Report> {
+    pub(crate) fn median_of(rounds: Vec<Report>) -> Option<Report> {
         let first = rounds.first()?;
         let (workers, n) = (first.workers, rounds.len());
         let rows = (0..first.rows.len())

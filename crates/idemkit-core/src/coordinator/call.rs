@@ -1,0 +1,467 @@
+//! One call: its options, what it returns and what its action is told.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::Coordinator;
+use super::errors::{ReleaseOnError, StorePermanent};
+use super::lease::LeaseState;
+use crate::codec::Codec;
+use crate::error::Error;
+use crate::policy::{InFlight, Policy};
+use crate::record::FencingToken;
+use crate::store::Store;
+use crate::{Fingerprint, Key, Operation, Scope};
+
+/// Where a call's value came from.
+///
+/// # Example
+///
+/// ```
+/// use idemkit_core::Source;
+///
+/// assert_ne!(Source::Fresh, Source::Replayed);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Source {
+    /// This call reserved the key and ran the action.
+    Fresh,
+    /// An earlier call's stored result, replayed; the action did not run.
+    Replayed,
+    /// The action ran without protection (fail-open on a store outage, or
+    /// [`InFlight::Run`]); nothing was stored.
+    Unprotected,
+}
+
+/// A call's value and where it came from: the receipt of one call.
+///
+/// # Example
+///
+/// ```
+/// # use idemkit_core::{Coordinator, Key, MemoryStore, Operation, Source};
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
+/// # let c = Coordinator::new(MemoryStore::new());
+/// # let (op, key) = (Operation::new("op")?, Key::new("k")?);
+/// let out = c.call(&op, &key).run(|_| async { Ok::<_, std::io::Error>(5) }).await?;
+/// assert!(!out.is_replay());
+/// assert_eq!(out.into_value(), 5);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # })?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Outcome<T> {
+    /// The value.
+    pub value: T,
+    /// Fresh, replayed or unprotected.
+    pub source: Source,
+    /// The fencing token of the reservation that produced the value (none if unprotected).
+    pub fencing: Option<FencingToken>,
+}
+
+impl<T> Outcome<T> {
+    /// Builds one: for tests of code that consumes outcomes, and for stand-ins of the
+    /// coordinator.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use idemkit_core::{Outcome, Source};
+    /// let o = Outcome::new("em_1", Source::Replayed, None);
+    /// assert!(o.is_replay());
+    /// ```
+    pub fn new(value: T, source: Source, fencing: Option<FencingToken>) -> Self {
+        Outcome {
+            value,
+            source,
+            fencing,
+        }
+    }
+
+    /// Whether the value was replayed from the store.
+    ///
+    /// # Example
+    ///
+    /// See [`Outcome`].
+    pub fn is_replay(&self) -> bool {
+        self.source == Source::Replayed
+    }
+
+    /// The value.
+    ///
+    /// # Example
+    ///
+    /// See [`Outcome`].
+    pub fn into_value(self) -> T {
+        self.value
+    }
+}
+
+/// What the action is told about its run: its fencing token, and whether it still holds
+/// its lease.
+///
+/// The lease can be lost while the action runs: the store stopped answering for longer than
+/// the lease, the process stalled, or the action ran past [`Policy::max_hold`]. From then on
+/// another caller may take the key over and run the effect too. An action with an
+/// irreversible step should check [`is_lease_lost`](Attempt::is_lease_lost) just before it
+/// (or race the step against [`lease_lost`](Attempt::lease_lost)), and pass the
+/// [fencing token](Attempt::fencing_token) downstream, so that a receiver that keeps the
+/// highest token it has seen refuses a stale writer.
+///
+/// # Example
+///
+/// ```
+/// # use idemkit_core::{Coordinator, Key, MemoryStore, Operation};
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
+/// # let c = Coordinator::new(MemoryStore::new());
+/// # let (op, key) = (Operation::new("op")?, Key::new("k")?);
+/// let out = c.call(&op, &key).run(|attempt| async move {
+///     if attempt.is_lease_lost() {
+///         return Err(std::io::Error::other("lease lost: another worker may run this"));
+///     }
+///     // The irreversible step, with the token for a receiver that orders writers.
+///     Ok(attempt.fencing_token().map(|t| t.get()))
+/// }).await?;
+/// assert!(out.value.is_some());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # })?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct Attempt {
+    pub(super) fencing: Option<FencingToken>,
+    pub(super) lease: Option<Arc<LeaseState>>,
+}
+
+impl Attempt {
+    /// An attempt with no reservation: for running the same action without idemkit (a
+    /// plain path, a test).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// let a = idemkit_core::Attempt::unprotected();
+    /// assert!(!a.is_protected());
+    /// assert!(!a.is_lease_lost());
+    /// ```
+    pub fn unprotected() -> Self {
+        Attempt {
+            fencing: None,
+            lease: None,
+        }
+    }
+
+    /// The reservation's fencing token; `None` when running unprotected.
+    ///
+    /// # Example
+    ///
+    /// See [`Attempt`].
+    pub fn fencing_token(&self) -> Option<FencingToken> {
+        self.fencing
+    }
+
+    /// Whether the run holds a reservation.
+    ///
+    /// # Example
+    ///
+    /// See [`Attempt::unprotected`].
+    pub fn is_protected(&self) -> bool {
+        self.fencing.is_some()
+    }
+
+    /// Whether the lease is lost, or can no longer be confirmed (no renewal succeeded within
+    /// the lease, or the maximum hold has passed). Cheap: an atomic load and a clock read.
+    /// Always `false` for an unprotected run.
+    ///
+    /// # Example
+    ///
+    /// See [`Attempt`].
+    pub fn is_lease_lost(&self) -> bool {
+        self.lease.as_ref().is_some_and(|l| l.is_lost())
+    }
+
+    /// Resolves when the lease is lost or can no longer be confirmed (see
+    /// [`is_lease_lost`](Attempt::is_lease_lost)); never, for an unprotected run.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use idemkit_core::{Coordinator, Key, MemoryStore, Operation};
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
+    /// # let c = Coordinator::new(MemoryStore::new());
+    /// # let (op, key) = (Operation::new("op")?, Key::new("k")?);
+    /// let out = c.call(&op, &key).run(|attempt| async move {
+    ///     tokio::select! {
+    ///         () = attempt.lease_lost() => Err(std::io::Error::other("lease lost")),
+    ///         () = tokio::time::sleep(Duration::from_millis(10)) => Ok("sent".to_string()),
+    ///     }
+    /// }).await?;
+    /// assert_eq!(out.value, "sent");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub async fn lease_lost(&self) {
+        match &self.lease {
+            Some(lease) => lease.lost().await,
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// One call being set up: options, then [`run`](Call::run) or
+/// [`run_storing_errors`](Call::run_storing_errors).
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use idemkit_core::{Coordinator, Fingerprint, InFlight, Key, MemoryStore, Operation, Scope};
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
+/// let c = Coordinator::new(MemoryStore::new());
+/// let (op, key, tenant) = (Operation::new("charge")?, Key::new("k1")?, Scope::new("t-1")?);
+/// let out = c.call(&op, &key)
+///     .scope(&tenant)
+///     .fingerprint(Fingerprint::of(b"amount=100"))
+///     .ttl(Duration::from_secs(86400))
+///     .in_flight(InFlight::Reject)
+///     .run(|_| async { Ok::<_, std::io::Error>("ch_1".to_string()) })
+///     .await?;
+/// assert_eq!(out.value, "ch_1");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # })?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[must_use = "a call does nothing until `run` is awaited"]
+pub struct Call<'a, S, C> {
+    pub(super) coordinator: Cow<'a, Coordinator<S>>,
+    pub(super) operation: Cow<'a, Operation>,
+    pub(super) key: Cow<'a, Key>,
+    pub(super) scope: Option<Cow<'a, Scope>>,
+    pub(super) fingerprint: Option<Fingerprint>,
+    /// Set by [`Call::ttl`]; otherwise the policy's.
+    pub(super) ttl: Option<Duration>,
+    pub(super) policy: Policy,
+    pub(super) codec: C,
+}
+
+impl<S, C: fmt::Debug> fmt::Debug for Call<'_, S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Call")
+            .field("operation", &self.operation)
+            .field("key", &self.key)
+            .field("scope", &self.scope)
+            .field("fingerprint", &self.fingerprint)
+            .field("ttl", &self.ttl)
+            .field("policy", &self.policy)
+            .field("codec", &self.codec)
+            .finish()
+    }
+}
+
+impl<'a, S: Store> Call<'a, S, crate::JsonCodec> {
+    pub(super) fn new(
+        coordinator: Cow<'a, Coordinator<S>>,
+        operation: Cow<'a, Operation>,
+        key: Cow<'a, Key>,
+    ) -> Self {
+        let policy = *coordinator.policy_for(&operation);
+        Call {
+            coordinator,
+            operation,
+            key,
+            scope: None,
+            fingerprint: None,
+            ttl: None,
+            policy,
+            codec: crate::JsonCodec,
+        }
+    }
+}
+
+impl<'a, S: Store, C> Call<'a, S, C> {
+    /// How long the completed record is kept, exactly (default: the policy's `ttl`). Pick
+    /// it to outlive the latest redelivery: a day, a week for manual re-runs. Clamped to
+    /// [`Policy::MAX_DURATION`] and to what the store can keep ([`Store::max_ttl`]); zero is
+    /// refused with [`Error::Config`] when the call runs.
+    ///
+    /// # Example
+    ///
+    /// See [`Call`].
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// Scopes the key to a tenant or principal; `None` leaves it unscoped.
+    ///
+    /// # Example
+    ///
+    /// See [`Call`].
+    pub fn scope(mut self, scope: impl Into<Option<&'a Scope>>) -> Self {
+        self.scope = scope.into().map(Cow::Borrowed);
+        self
+    }
+
+    /// Like [`scope`](Call::scope), taking the scope by value (for
+    /// [`call_owned`](Coordinator::call_owned)).
+    ///
+    /// # Example
+    ///
+    /// See [`Coordinator::call_owned`].
+    pub fn scope_owned(mut self, scope: impl Into<Option<Scope>>) -> Self {
+        self.scope = scope.into().map(Cow::Owned);
+        self
+    }
+
+    /// The request's fingerprint; a later call with the same key and another fingerprint
+    /// gets [`Error::KeyReused`]. `None` sets none.
+    ///
+    /// # Example
+    ///
+    /// See [`Call`].
+    pub fn fingerprint(mut self, fingerprint: impl Into<Option<Fingerprint>>) -> Self {
+        self.fingerprint = fingerprint.into();
+        self
+    }
+
+    /// Overrides the in-flight policy for this call.
+    ///
+    /// # Example
+    ///
+    /// See [`Call`].
+    pub fn in_flight(mut self, in_flight: InFlight) -> Self {
+        self.policy.in_flight = in_flight;
+        self
+    }
+
+    /// Overrides the whole policy for this call. A TTL set with [`ttl`](Call::ttl) stays,
+    /// whichever is called first; otherwise the new policy's `ttl` applies.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use idemkit_core::{Coordinator, Key, MemoryStore, Operation, Policy};
+    /// # let c = Coordinator::new(MemoryStore::new());
+    /// # let (op, key) = (Operation::new("op")?, Key::new("k")?);
+    /// let call = c.call(&op, &key)
+    ///     .ttl(Duration::from_secs(60))
+    ///     .policy(Policy::default().max_result_bytes(64)); // the 60 s TTL stays
+    /// # drop(call);
+    /// # Ok::<(), idemkit_core::KeyError>(())
+    /// ```
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Uses another codec for the result (and stored errors).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use idemkit_core::{BytesCodec, Coordinator, Key, MemoryStore, Operation};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
+    /// let c = Coordinator::new(MemoryStore::new());
+    /// let (op, key) = (Operation::new("op")?, Key::new("k")?);
+    /// let out = c.call(&op, &key).codec(BytesCodec)
+    ///     .run(|_| async { Ok::<_, std::io::Error>(vec![1u8, 2]) }).await?;
+    /// assert_eq!(out.value, [1, 2]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn codec<C2>(self, codec: C2) -> Call<'a, S, C2> {
+        Call {
+            coordinator: self.coordinator,
+            operation: self.operation,
+            key: self.key,
+            scope: self.scope,
+            fingerprint: self.fingerprint,
+            ttl: self.ttl,
+            policy: self.policy,
+            codec,
+        }
+    }
+
+    /// Runs the action at most once for this key and returns its value, or replays the stored
+    /// value. An action error releases the key, so the next call runs the action again.
+    ///
+    /// # Errors
+    ///
+    /// See [`Error`]: every variant but `Action` and `ActionStored` means the action did not
+    /// run in this call.
+    ///
+    /// # Cancellation
+    ///
+    /// If the returned future is dropped while the action runs, the action is dropped with it
+    /// and the reservation is released from a background task (the effect may or may not have
+    /// happened, as after a crash; releasing lets the next delivery retry at once instead of
+    /// after the lease). If it is dropped after the action returned `Ok` but before the result
+    /// was stored, the result is still stored from a background task, so the action is not
+    /// run again. Without a tokio runtime to spawn on, the reservation simply expires with its
+    /// lease.
+    ///
+    /// # Example
+    ///
+    /// See [`Call`].
+    pub async fn run<T, E, F, Fut>(self, action: F) -> Result<Outcome<T>, Error<E>>
+    where
+        C: Codec<T>,
+        F: FnOnce(Attempt) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        self.execute(action, ReleaseOnError).await
+    }
+
+    /// Like [`run`](Call::run), but an error for which `is_permanent` returns true is stored
+    /// (with this call's codec, within the policy's `max_result_bytes`) and replayed to later
+    /// callers as [`Error::ReplayedAction`], instead of releasing the key. Use it for failures
+    /// that retrying cannot fix (a card declined, an address rejected).
+    ///
+    /// # Errors
+    ///
+    /// See [`Error`]: this call's own stored failure is [`Error::ActionStored`]; one that
+    /// could not be stored (too large, unencodable, the store down) is [`Error::Action`] and
+    /// its key released.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use idemkit_core::{Coordinator, Error, Key, MemoryStore, Operation};
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
+    /// let c = Coordinator::new(MemoryStore::new());
+    /// let (op, key) = (Operation::new("charge")?, Key::new("k")?);
+    /// let declined = |_| async { Err::<String, _>("card declined".to_string()) };
+    /// let first = c.call(&op, &key).run_storing_errors(|_| true, declined).await;
+    /// assert!(matches!(first, Err(Error::ActionStored(_))));
+    /// let again = c.call(&op, &key).run_storing_errors(|_| true, declined).await;
+    /// assert!(matches!(again, Err(Error::ReplayedAction(e)) if e == "card declined"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub async fn run_storing_errors<T, E, P, F, Fut>(
+        self,
+        is_permanent: P,
+        action: F,
+    ) -> Result<Outcome<T>, Error<E>>
+    where
+        C: Codec<T> + Codec<E>,
+        P: Fn(&E) -> bool,
+        F: FnOnce(Attempt) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let errors = StorePermanent { is_permanent };
+        self.execute(action, errors).await
+    }
+}

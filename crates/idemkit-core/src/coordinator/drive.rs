@@ -1,0 +1,391 @@
+//! The state machine of one call. ARCHITECTURE.md, "The state machine", has the table of
+//! interleavings; the row numbers below refer to it.
+//!
+//! ```text
+//!            ┌───────────── begin ─────────────┐
+//!            ▼                                 │
+//!   Reserved ──▶ run the action while the      │   Completed ──▶ replay (row 3)
+//!   (rows 1,4)   keeper renews (rows 6-8) ──▶  │   Mismatch  ──▶ KeyReused (row 12)
+//!                Ok  ──▶ complete, retried     │   InFlight  ──▶ Reject: InFlight (row 10)
+//!                        while the lease lasts │                 Run: unprotected (row 13)
+//!                Err ──▶ release, or store a   │                 Wait: store.wait, then
+//!                        permanent error       │                 begin again ──────────┘
+//!   store error ──▶ fail closed, or run unprotected (fail-open; rows 14-16)
+//! ```
+
+use std::future::Future;
+
+use bytes::Bytes;
+use tracing::Instrument as _;
+
+use super::call::{Attempt, Call, Outcome, Source};
+use super::errors::ErrorPolicy;
+use super::lease::{Guard, Keeper, LeaseState, Pending, after, bounded};
+use crate::StorageKey;
+use crate::clock::now;
+use crate::codec::Codec;
+use crate::error::{Error, Phase};
+use crate::policy::{InFlight, MIN_LEASE, OnStoreError, Policy};
+use crate::record::{OutcomeKind, OwnerToken};
+use crate::store::{Begin, BeginRequest, Completed, Completion, Lease, Store, StoreError};
+
+/// A call's policy once checked against its store: every duration positive and within
+/// what the store can keep.
+struct Effective {
+    policy: Policy,
+    ttl: std::time::Duration,
+}
+
+impl<S: Store, C> Call<'_, S, C> {
+    fn effective(&self) -> Result<Effective, &'static str> {
+        let mut policy = self.policy;
+        let ttl = self.ttl.unwrap_or(policy.ttl).min(Policy::MAX_DURATION);
+        if ttl.is_zero() {
+            return Err("the TTL must be positive");
+        }
+        if policy.lease < MIN_LEASE {
+            return Err("the lease must be at least 3 ms");
+        }
+        if policy.store_timeout.is_zero() {
+            return Err("the store timeout must be positive");
+        }
+        let max = self.coordinator.store().max_ttl();
+        policy.lease = policy.lease.min(max);
+        Ok(Effective {
+            policy,
+            ttl: ttl.min(max),
+        })
+    }
+
+    /// Runs the call inside its span (`idemkit.call`, with `operation` and `key`).
+    pub(super) async fn execute<T, E, F, Fut, P>(
+        self,
+        action: F,
+        errors: P,
+    ) -> Result<Outcome<T>, Error<E>>
+    where
+        C: Codec<T>,
+        P: ErrorPolicy<C, E>,
+        F: FnOnce(Attempt) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let span = tracing::debug_span!(
+            "idemkit.call",
+            operation = %self.operation,
+            key = %self.key,
+        );
+        async move {
+            let effective = match self.effective() {
+                Ok(e) => e,
+                Err(reason) => return Err(Error::Config { reason }),
+            };
+            self.drive(&effective, action, &errors).await
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn drive<T, E, F, Fut, P>(
+        &self,
+        effective: &Effective,
+        action: F,
+        errors: &P,
+    ) -> Result<Outcome<T>, Error<E>>
+    where
+        C: Codec<T>,
+        P: ErrorPolicy<C, E>,
+        F: FnOnce(Attempt) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let store = self.coordinator.store();
+        let op: &crate::Operation = &self.operation;
+        let policy = &effective.policy;
+        let key = StorageKey::new(op, self.scope.as_deref(), &self.key);
+        let owner = OwnerToken::random();
+        let req = BeginRequest::new(&key, owner, policy.lease).with_fingerprint(self.fingerprint);
+        let mut wait_deadline = None;
+
+        loop {
+            let started = now();
+            let begin = bounded(policy.store_timeout, store.begin(&req)).await;
+            op.metrics().timing(Phase::Begin, started);
+            match begin {
+                // Rows 1 and 4: ours, fresh or taken over from an expired owner.
+                Ok(Begin::Reserved { lease, took_over }) => {
+                    op.metrics().misses.increment(1);
+                    if took_over {
+                        op.metrics().takeovers.increment(1);
+                        tracing::info!(operation = %op, key = %self.key, fencing = %lease.fencing,
+                            "took over an expired lease");
+                    }
+                    return self
+                        .run_owned(&key, lease, started, effective, action, errors)
+                        .await;
+                }
+                // Row 3: replay.
+                Ok(Begin::Completed(completed)) => {
+                    op.metrics().hits.increment(1);
+                    tracing::debug!(fencing = %completed.fencing, "replaying stored outcome");
+                    return self.replay(completed, errors);
+                }
+                // Row 12: the same key for another request.
+                Ok(Begin::Mismatch) => {
+                    op.metrics().key_reuse.increment(1);
+                    tracing::debug!("key reused with a different fingerprint");
+                    return Err(Error::KeyReused);
+                }
+                // Rows 9-11 and 13: a live owner.
+                Ok(Begin::InFlight {
+                    retry_after: lease_left,
+                    fencing,
+                    held_for,
+                }) => {
+                    let in_flight = || Error::InFlight {
+                        retry_after: policy.retry_after(lease_left, held_for),
+                        lease_left,
+                        held_for,
+                    };
+                    match policy.in_flight {
+                        InFlight::Reject => {
+                            op.metrics().rejections.increment(1);
+                            return Err(in_flight());
+                        }
+                        InFlight::Run => {
+                            op.metrics().unprotected_in_flight.increment(1);
+                            tracing::warn!(operation = %op, key = %self.key,
+                                "running unprotected beside a live owner (in_flight=run)");
+                            return run_unprotected(action).await;
+                        }
+                        InFlight::Wait => {
+                            let started = now();
+                            let deadline =
+                                *wait_deadline.get_or_insert(after(started, policy.wait_timeout));
+                            if started >= deadline {
+                                op.metrics().rejections.increment(1);
+                                return Err(in_flight());
+                            }
+                            op.metrics().waits.increment(1);
+                            // Wake on the owner's completion or release (pushed), at the end
+                            // of its current lease at the latest (then `begin` reads the
+                            // renewed lease, or takes an expired one over), or at our own
+                            // deadline.
+                            let timeout = lease_left.min(deadline - started);
+                            let limit = timeout.saturating_add(policy.store_timeout);
+                            let waited = bounded(limit, store.wait(&key, fencing, timeout)).await;
+                            op.metrics().timing(Phase::Wait, started);
+                            if let Err(source) = waited {
+                                return self
+                                    .store_failed(Phase::Wait, source, policy, action)
+                                    .await;
+                            }
+                        }
+                    }
+                }
+                Err(source) => {
+                    return self
+                        .store_failed(Phase::Begin, source, policy, action)
+                        .await;
+                }
+            }
+        }
+    }
+
+    /// Rows 14-16: the store failed before the action ran. Fail closed, or run unprotected
+    /// when failing open and the store is merely unavailable (never on a corrupt record).
+    async fn store_failed<T, E, F, Fut>(
+        &self,
+        phase: Phase,
+        source: StoreError,
+        policy: &Policy,
+        action: F,
+    ) -> Result<Outcome<T>, Error<E>>
+    where
+        F: FnOnce(Attempt) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let op = &self.operation;
+        op.metrics().store_error(phase);
+        if source.is_unavailable() && policy.on_store_error == OnStoreError::FailOpen {
+            op.metrics().unprotected_store_unavailable.increment(1);
+            tracing::warn!(operation = %op, key = %self.key, %phase, error = %source,
+                "store unavailable: running unprotected (fail-open)");
+            return run_unprotected(action).await;
+        }
+        Err(Error::Store { phase, source })
+    }
+
+    /// Runs the action as the key's owner, then completes or releases, with the lease kept
+    /// alive until the store has answered (rows 5-8, 17-22).
+    async fn run_owned<T, E, F, Fut, P>(
+        &self,
+        key: &StorageKey,
+        lease: Lease,
+        reserved_at: tokio::time::Instant,
+        effective: &Effective,
+        action: F,
+        errors: &P,
+    ) -> Result<Outcome<T>, Error<E>>
+    where
+        C: Codec<T>,
+        P: ErrorPolicy<C, E>,
+        F: FnOnce(Attempt) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let store = self.coordinator.store();
+        let op: &crate::Operation = &self.operation;
+        let policy = &effective.policy;
+        let state = std::sync::Arc::new(LeaseState::new(after(reserved_at, policy.lease)));
+        let keeper = Keeper {
+            store,
+            key,
+            lease,
+            policy,
+            operation: op,
+            state: &state,
+            reserved_at,
+        };
+        let work = async {
+            // Created before anything can be dropped mid-way: from here on a dropped call
+            // releases the key, or stores the outcome once the action succeeded.
+            let mut guard = Guard {
+                store,
+                key,
+                lease,
+                operation: op,
+                pending: Pending::Release,
+            };
+            let started = now();
+            let attempt = Attempt {
+                fencing: Some(lease.fencing),
+                lease: Some(state.clone()),
+            };
+            let result = action(attempt).await;
+            op.metrics().timing(Phase::Action, started);
+            match result {
+                Ok(value) => {
+                    let completion = self.encode_value(&value, effective);
+                    guard.pending = Pending::Complete(completion.clone());
+                    keeper.complete(&completion).await;
+                    guard.pending = Pending::Done;
+                    Ok(Outcome::new(value, Source::Fresh, Some(lease.fencing)))
+                }
+                Err(e) => {
+                    let stored = match errors.encode(&self.codec, &e) {
+                        None => None,
+                        Some(Ok(bytes)) if bytes.len() <= policy.max_result_bytes => Some(
+                            Completion::new(OutcomeKind::PermanentError, bytes, effective.ttl),
+                        ),
+                        Some(Ok(bytes)) => {
+                            tracing::warn!(operation = %op, key = %self.key, len = bytes.len(),
+                                max = policy.max_result_bytes,
+                                "permanent error too large to store; releasing the key");
+                            None
+                        }
+                        Some(Err(encode_error)) => {
+                            tracing::warn!(operation = %op, key = %self.key, error = %encode_error,
+                                "permanent error could not be encoded; releasing the key");
+                            None
+                        }
+                    };
+                    if let Some(completion) = stored {
+                        guard.pending = Pending::Complete(completion.clone());
+                        let done = keeper.complete(&completion).await;
+                        guard.pending = Pending::Done;
+                        if done {
+                            return Err(Error::ActionStored(e));
+                        }
+                        // Not stored: the key expires with its lease, and a retry runs again.
+                        return Err(Error::Action(e));
+                    }
+                    guard.pending = Pending::Done;
+                    self.release(key, &lease, policy).await;
+                    Err(Error::Action(e))
+                }
+            }
+        };
+        keeper.keep_while(work).await
+    }
+
+    /// Encodes a successful value, or explains why it cannot be kept. Never fails: once the
+    /// action succeeded the key must end completed, whatever happens to its bytes.
+    fn encode_value<T>(&self, value: &T, effective: &Effective) -> Completion
+    where
+        C: Codec<T>,
+    {
+        let unavailable = |reason: String| {
+            self.operation.metrics().results_unavailable.increment(1);
+            tracing::warn!(operation = %self.operation, key = %self.key, %reason,
+                "result not stored; replays will get ResultUnavailable");
+            Completion::new(OutcomeKind::Unavailable, reason, effective.ttl)
+        };
+        let max = effective.policy.max_result_bytes;
+        match self.codec.encode(value) {
+            Ok(bytes) if bytes.len() <= max => {
+                Completion::new(OutcomeKind::Value, Bytes::from(bytes), effective.ttl)
+            }
+            Ok(bytes) => unavailable(format!(
+                "result of {} bytes exceeds the limit of {max} bytes",
+                bytes.len(),
+            )),
+            Err(e) => unavailable(format!("result could not be encoded: {e}")),
+        }
+    }
+
+    fn replay<T, E, P>(&self, completed: Completed, errors: &P) -> Result<Outcome<T>, Error<E>>
+    where
+        C: Codec<T>,
+        P: ErrorPolicy<C, E>,
+    {
+        let bytes = completed.outcome.bytes();
+        match completed.outcome.kind() {
+            OutcomeKind::Value => match self.codec.decode(bytes) {
+                Ok(value) => Ok(Outcome::new(
+                    value,
+                    Source::Replayed,
+                    Some(completed.fencing),
+                )),
+                Err(e) => Err(Error::Decode(e)),
+            },
+            OutcomeKind::PermanentError => match errors.decode(&self.codec, bytes) {
+                Some(Ok(e)) => Err(Error::ReplayedAction(e)),
+                Some(Err(e)) => Err(Error::Decode(e)),
+                None => Err(Error::Decode(
+                    "a permanent error is stored under this key; use run_storing_errors to replay it"
+                        .into(),
+                )),
+            },
+            OutcomeKind::Unavailable => Err(Error::ResultUnavailable {
+                reason: String::from_utf8_lossy(bytes).into_owned(),
+            }),
+        }
+    }
+
+    async fn release(&self, key: &StorageKey, lease: &Lease, policy: &Policy) {
+        let store = self.coordinator.store();
+        let started = now();
+        let released = bounded(policy.store_timeout, store.release(key, lease)).await;
+        self.operation.metrics().timing(Phase::Release, started);
+        match released {
+            Ok(()) => {}
+            Err(e) if e.is_lease_lost() => {
+                tracing::debug!("release found the lease already gone");
+            }
+            Err(e) => {
+                self.operation.metrics().store_error(Phase::Release);
+                tracing::warn!(operation = %self.operation, key = %self.key, error = %e,
+                    "release failed; the key unlocks when its lease expires");
+            }
+        }
+    }
+}
+
+async fn run_unprotected<T, E, F, Fut>(action: F) -> Result<Outcome<T>, Error<E>>
+where
+    F: FnOnce(Attempt) -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    match action(Attempt::unprotected()).await {
+        Ok(value) => Ok(Outcome::new(value, Source::Unprotected, None)),
+        Err(e) => Err(Error::Action(e)),
+    }
+}

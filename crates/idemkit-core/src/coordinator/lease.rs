@@ -1,0 +1,277 @@
+//! The lease keeper: renewals while the owner works (the action, then its completion), the
+//! lease-lost signal the action can watch, the maximum hold, and the guard that finishes a
+//! dropped call. ARCHITECTURE.md rows 6-8 and 17-22.
+
+use std::future::Future;
+use std::mem;
+use std::pin::pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::clock::now;
+use crate::error::Phase;
+use crate::policy::Policy;
+use crate::store::{Completion, Lease, Store, StoreError};
+use crate::{Operation, StorageKey};
+
+/// What the owner knows about its lease, shared with the action's [`Attempt`](super::Attempt).
+#[derive(Debug)]
+pub(crate) struct LeaseState {
+    /// Set when the store said the lease is gone, or renewals stopped for good.
+    lost: AtomicBool,
+    /// The end of the lease as last confirmed by the store: the instant the confirming call
+    /// was *sent*, plus the lease (the store's clock started no earlier than that).
+    confirmed_until: Mutex<Instant>,
+    changed: Notify,
+}
+
+impl LeaseState {
+    pub(crate) fn new(confirmed_until: Instant) -> Self {
+        LeaseState {
+            lost: AtomicBool::new(false),
+            confirmed_until: Mutex::new(confirmed_until),
+            changed: Notify::new(),
+        }
+    }
+
+    pub(crate) fn confirmed_until(&self) -> Instant {
+        *self
+            .confirmed_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn confirm(&self, until: Instant) {
+        let mut at = self
+            .confirmed_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        *at = (*at).max(until);
+    }
+
+    pub(crate) fn lose(&self) {
+        self.lost.store(true, Ordering::SeqCst);
+        self.changed.notify_waiters();
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::SeqCst) || now() >= self.confirmed_until()
+    }
+
+    /// Resolves once [`is_lost`](LeaseState::is_lost) holds.
+    pub(crate) async fn lost(&self) {
+        loop {
+            let changed = self.changed.notified();
+            if self.is_lost() {
+                return;
+            }
+            let until = self.confirmed_until();
+            tokio::select! {
+                () = changed => {}
+                () = tokio::time::sleep_until(until) => {}
+            }
+        }
+    }
+}
+
+/// `Instant + Duration` that cannot panic: policies clamp durations to 100 years, and this
+/// saturates anything beyond the platform's range to a far future that is never reached.
+pub(crate) fn after(from: Instant, d: Duration) -> Instant {
+    from.checked_add(d)
+        .unwrap_or_else(|| from + Duration::from_secs(30 * 365 * 24 * 3600))
+}
+
+/// Bounds one store call: no answer within `limit` is an outage, like a refused connection.
+pub(crate) async fn bounded<T>(
+    limit: Duration,
+    call: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(result) => result,
+        Err(_) => Err(StoreError::unavailable(format!(
+            "no answer within {} ms",
+            limit.as_millis()
+        ))),
+    }
+}
+
+/// The owner's side of a reservation while it works.
+pub(crate) struct Keeper<'a, S> {
+    pub(crate) store: &'a S,
+    pub(crate) key: &'a StorageKey,
+    pub(crate) lease: Lease,
+    pub(crate) policy: &'a Policy,
+    pub(crate) operation: &'a Operation,
+    pub(crate) state: &'a LeaseState,
+    /// When the reserving `begin` was sent: the hold is measured from here.
+    pub(crate) reserved_at: Instant,
+}
+
+impl<S: Store> Keeper<'_, S> {
+    /// Polls `work` (the action, then storing its outcome) and, beside it, renews the lease
+    /// every third of it, until `work` is done. The renewal runs concurrently, so a slow
+    /// store never stalls the work; the work is never cancelled by a failed renewal (aborting
+    /// mid-effect is worse than finishing: the stale run's writes are refused by the owner
+    /// check, downstream systems can refuse it by fencing token, and the action can watch
+    /// [`Attempt::lease_lost`](super::Attempt::lease_lost)).
+    pub(crate) async fn keep_while<T>(&self, work: impl Future<Output = T>) -> T {
+        let mut work = pin!(work);
+        let mut renewals = pin!(self.renewals());
+        let mut renewing = true;
+        loop {
+            tokio::select! {
+                biased;
+                done = &mut work => return done,
+                () = &mut renewals, if renewing => renewing = false,
+            }
+        }
+    }
+
+    /// Renews until the lease is lost or the maximum hold has passed. Each renewal is bounded
+    /// by a third of the lease, so one that never answers cannot stop the next; after a
+    /// failure the next try comes sooner (a quarter of the interval), and every try is
+    /// scheduled from the last confirmed one, so two failures still leave a live lease.
+    async fn renewals(&self) {
+        let (op, key) = (self.operation, self.key);
+        let every = self.policy.renew_every();
+        let retry = (every / 4).max(Duration::from_millis(1));
+        let hold_ends = after(self.reserved_at, self.policy.max_hold);
+        let mut next = after(self.reserved_at, every);
+        loop {
+            tokio::time::sleep_until(next).await;
+            let sent = now();
+            if sent >= hold_ends {
+                self.operation.metrics().lease_lost.increment(1);
+                tracing::warn!(operation = %op, key = %key, max_hold_ms = self.policy.max_hold.as_millis() as u64,
+                    "the action has held its key past max_hold: renewals stop, the key can be taken over when the lease ends");
+                self.state.lose();
+                return;
+            }
+            let limit = self.policy.store_timeout.min(every);
+            match bounded(
+                limit,
+                self.store.renew(self.key, &self.lease, self.policy.lease),
+            )
+            .await
+            {
+                Ok(()) => {
+                    op.metrics().timing(Phase::Renew, sent);
+                    self.state.confirm(after(sent, self.policy.lease));
+                    next = after(sent, every);
+                }
+                Err(e) if e.is_lease_lost() => {
+                    op.metrics().lease_lost.increment(1);
+                    tracing::warn!(operation = %op, key = %key,
+                        "lease lost while the owner works; its result will not be stored");
+                    self.state.lose();
+                    return;
+                }
+                Err(e) => {
+                    op.metrics().store_error(Phase::Renew);
+                    tracing::warn!(operation = %op, key = %key, error = %e, "lease renewal failed; retrying");
+                    next = after(now(), retry);
+                }
+            }
+        }
+    }
+
+    /// Stores the outcome, retrying an unavailable store with backoff while the lease is
+    /// confirmed (the renewals go on meanwhile). Returns whether it was stored.
+    pub(crate) async fn complete(&self, completion: &Completion) -> bool {
+        let (op, key) = (self.operation, self.key);
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            let started = now();
+            let result = bounded(
+                self.policy.store_timeout,
+                self.store.complete(self.key, &self.lease, completion),
+            )
+            .await;
+            op.metrics().timing(Phase::Complete, started);
+            let e = match result {
+                Ok(()) => return true,
+                Err(e) => e,
+            };
+            if e.is_lease_lost() {
+                // Our lease expired and possibly another owner took the key over; its
+                // record wins. The caller still gets this run's value: the action did run.
+                op.metrics().lease_lost.increment(1);
+                tracing::warn!(operation = %op, key = %key,
+                    "lease lost before completion; the result was not stored");
+                self.state.lose();
+                return false;
+            }
+            op.metrics().store_error(Phase::Complete);
+            let retry_at = now() + backoff;
+            if !e.is_unavailable()
+                || self.state.is_lost()
+                || retry_at >= self.state.confirmed_until()
+            {
+                op.metrics().completion_failed.increment(1);
+                tracing::warn!(operation = %op, key = %key, error = %e,
+                    "the action ran but its outcome could not be stored; a retry after the lease expires will run it again");
+                return false;
+            }
+            tracing::debug!(operation = %op, key = %key, error = %e, backoff_ms = backoff.as_millis() as u64,
+                "completion failed; retrying while the lease lasts");
+            tokio::time::sleep_until(retry_at).await;
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+        }
+    }
+}
+
+// ===== cancellation =====
+
+/// What still has to happen to a reservation if the call's future is dropped now.
+pub(crate) enum Pending {
+    /// The action has not succeeded: release the key.
+    Release,
+    /// The action succeeded: store its outcome, so it is not run again.
+    Complete(Completion),
+    /// Nothing: the call finished the reservation itself.
+    Done,
+}
+
+/// Finishes a reservation from a background task when the call's future is dropped.
+pub(crate) struct Guard<'a, S: Store> {
+    pub(crate) store: &'a S,
+    pub(crate) key: &'a StorageKey,
+    pub(crate) lease: Lease,
+    pub(crate) operation: &'a Operation,
+    pub(crate) pending: Pending,
+}
+
+impl<S: Store> Drop for Guard<'_, S> {
+    fn drop(&mut self) {
+        let pending = mem::replace(&mut self.pending, Pending::Done);
+        if matches!(pending, Pending::Done) {
+            return;
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return; // no runtime: the lease expires on its own
+        };
+        let (store, key, lease) = (self.store.clone(), self.key.clone(), self.lease);
+        let operation = self.operation.clone();
+        handle.spawn(async move {
+            let result = match pending {
+                Pending::Release => store.release(&key, &lease).await,
+                Pending::Complete(c) => store.complete(&key, &lease, &c).await,
+                Pending::Done => Ok(()),
+            };
+            match result {
+                Ok(()) => {}
+                Err(e) if e.is_lease_lost() => {
+                    tracing::debug!(operation = %operation, key = %key, "a dropped call's lease was already gone");
+                }
+                Err(e) => {
+                    tracing::warn!(operation = %operation, key = %key, error = %e,
+                        "finishing a dropped call failed; the key unlocks when its lease expires");
+                }
+            }
+        });
+    }
+}

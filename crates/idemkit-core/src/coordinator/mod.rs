@@ -1,0 +1,285 @@
+//! The coordinator: reserve, run while renewing, complete, replay.
+//!
+//! - [`mod@self`]: [`Coordinator`] and its builder, the policy lookup;
+//! - `call`: one call's options ([`Call`]), what it returns ([`Outcome`], [`Source`]) and
+//!   what the action is told ([`Attempt`]);
+//! - `drive`: the state machine (ARCHITECTURE.md, "The state machine");
+//! - `lease`: the lease keeper (renewals, the lease-lost signal, the maximum hold) and the
+//!   guard that finishes a dropped call;
+//! - `errors`: how an action's error is released or stored.
+
+mod call;
+mod drive;
+mod errors;
+mod lease;
+
+pub use call::{Attempt, Call, Outcome, Source};
+pub(crate) use lease::after;
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::codec::JsonCodec;
+use crate::policy::Policy;
+use crate::store::Store;
+use crate::{Key, Operation};
+
+/// Runs actions at most once per key, replaying the stored result to every later caller.
+///
+/// Cheap to clone (an `Arc`); share one per store.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use idemkit_core::{Coordinator, Key, MemoryStore, Operation, Source};
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
+/// let coordinator = Coordinator::new(MemoryStore::new());
+/// let op = Operation::new("mail.invoice")?;
+/// let key = Key::compose(["order-9", "invoice"])?;
+/// let send = |_| async { Ok::<_, std::io::Error>("em_1".to_string()) };
+/// let first = coordinator.call(&op, &key).ttl(Duration::from_secs(3600)).run(send).await?;
+/// let again = coordinator.call(&op, &key).ttl(Duration::from_secs(3600)).run(send).await?;
+/// assert_eq!(first.source, Source::Fresh);
+/// assert_eq!(again.source, Source::Replayed);
+/// assert_eq!(again.value, "em_1");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # })?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Coordinator<S> {
+    inner: Arc<Shared<S>>,
+}
+
+struct Shared<S> {
+    store: S,
+    policy: Policy,
+    /// Per-operation overrides, fixed at build time so a call's lookup takes no lock.
+    overrides: HashMap<Operation, Policy>,
+}
+
+impl<S> Clone for Coordinator<S> {
+    fn clone(&self) -> Self {
+        Coordinator {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for Coordinator<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Coordinator")
+            .field("store", &self.inner.store)
+            .field("policy", &self.inner.policy)
+            .field("overrides", &self.inner.overrides)
+            .finish()
+    }
+}
+
+/// Builds a [`Coordinator`] with a policy and per-operation overrides.
+///
+/// # Example
+///
+/// ```
+/// use idemkit_core::{Coordinator, InFlight, MemoryStore, Operation, Policy};
+///
+/// let charge = Operation::new("payment.charge")?;
+/// let coordinator = Coordinator::builder(MemoryStore::new())
+///     .policy(Policy::default().in_flight(InFlight::Wait))
+///     .operation_policy(charge.clone(), Policy::default().in_flight(InFlight::Reject))
+///     .build();
+/// assert_eq!(coordinator.policy_for(&charge).in_flight, InFlight::Reject);
+/// # Ok::<(), idemkit_core::KeyError>(())
+/// ```
+#[derive(Debug)]
+pub struct CoordinatorBuilder<S> {
+    store: S,
+    policy: Policy,
+    overrides: HashMap<Operation, Policy>,
+}
+
+impl<S: Store> CoordinatorBuilder<S> {
+    /// Sets the default policy.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use idemkit_core::{Coordinator, MemoryStore, Policy, OnStoreError};
+    /// let c = Coordinator::builder(MemoryStore::new())
+    ///     .policy(Policy::default().on_store_error(OnStoreError::FailOpen)).build();
+    /// assert_eq!(c.policy().on_store_error, OnStoreError::FailOpen);
+    /// ```
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Sets the policy of one operation.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use idemkit_core::{Coordinator, InFlight, MemoryStore, Operation, Policy};
+    /// let op = Operation::new("a")?;
+    /// let c = Coordinator::builder(MemoryStore::new())
+    ///     .operation_policy(op.clone(), Policy::default().in_flight(InFlight::Run)).build();
+    /// assert_eq!(c.policy_for(&op).in_flight, InFlight::Run);
+    /// # Ok::<(), idemkit_core::KeyError>(())
+    /// ```
+    pub fn operation_policy(mut self, operation: Operation, policy: Policy) -> Self {
+        self.overrides.insert(operation, policy);
+        self
+    }
+
+    /// Builds the coordinator.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use idemkit_core::{Coordinator, MemoryStore};
+    /// let _c = Coordinator::builder(MemoryStore::new()).build();
+    /// ```
+    pub fn build(self) -> Coordinator<S> {
+        Coordinator {
+            inner: Arc::new(Shared {
+                store: self.store,
+                policy: self.policy,
+                overrides: self.overrides,
+            }),
+        }
+    }
+}
+
+impl<S: Store> Coordinator<S> {
+    /// A coordinator with the default [`Policy`].
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use idemkit_core::{Coordinator, MemoryStore, Policy};
+    /// let c = Coordinator::new(MemoryStore::new());
+    /// assert_eq!(*c.policy(), Policy::default());
+    /// ```
+    pub fn new(store: S) -> Self {
+        Self::builder(store).build()
+    }
+
+    /// A builder, to set policies.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use idemkit_core::{Coordinator, MemoryStore};
+    /// let _c = Coordinator::builder(MemoryStore::new()).build();
+    /// ```
+    pub fn builder(store: S) -> CoordinatorBuilder<S> {
+        CoordinatorBuilder {
+            store,
+            policy: Policy::default(),
+            overrides: HashMap::new(),
+        }
+    }
+
+    /// The store.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use idemkit_core::{Coordinator, MemoryStore};
+    /// let c = Coordinator::new(MemoryStore::new());
+    /// assert!(c.store().is_empty());
+    /// ```
+    pub fn store(&self) -> &S {
+        &self.inner.store
+    }
+
+    /// The default policy.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use idemkit_core::{Coordinator, InFlight, MemoryStore};
+    /// assert_eq!(Coordinator::new(MemoryStore::new()).policy().in_flight, InFlight::Wait);
+    /// ```
+    pub fn policy(&self) -> &Policy {
+        &self.inner.policy
+    }
+
+    /// The policy an operation runs under.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use idemkit_core::{Coordinator, MemoryStore, Operation};
+    /// let c = Coordinator::new(MemoryStore::new());
+    /// assert_eq!(c.policy_for(&Operation::new("x")?), c.policy());
+    /// # Ok::<(), idemkit_core::KeyError>(())
+    /// ```
+    pub fn policy_for(&self, operation: &Operation) -> &Policy {
+        self.inner
+            .overrides
+            .get(operation)
+            .unwrap_or(&self.inner.policy)
+    }
+
+    /// Starts a call: `operation` + `key`, then options, then [`Call::run`]. The call
+    /// borrows its arguments; [`call_owned`](Coordinator::call_owned) takes them by value
+    /// for a `'static` future.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use idemkit_core::{Coordinator, Key, MemoryStore, Operation};
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
+    /// let c = Coordinator::new(MemoryStore::new());
+    /// let (op, key) = (Operation::new("mail.invoice")?, Key::new("order-9.invoice")?);
+    /// let out = c.call(&op, &key).ttl(Duration::from_millis(1500))
+    ///     .run(|attempt| async move { Ok::<_, std::io::Error>(attempt.fencing_token().is_some()) })
+    ///     .await?;
+    /// assert!(out.value);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn call<'a>(&'a self, operation: &'a Operation, key: &'a Key) -> Call<'a, S, JsonCodec> {
+        Call::new(
+            Cow::Borrowed(self),
+            Cow::Borrowed(operation),
+            Cow::Borrowed(key),
+        )
+    }
+
+    /// Starts a call that owns its coordinator handle, operation and key, so that
+    /// [`Call::run`]'s future is `'static` whenever the action is: a tower service, an axum
+    /// handler or a consumer task can return or spawn it. Costs a reference-count increment
+    /// for the coordinator and the operation.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use idemkit_core::{Coordinator, Key, MemoryStore, Operation, Scope};
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
+    /// let c = Coordinator::new(MemoryStore::new());
+    /// let op = Operation::new("mail.invoice")?;
+    /// let task = tokio::spawn(
+    ///     c.call_owned(op.clone(), Key::new("order-9.invoice")?)
+    ///         .scope_owned(Scope::new("tenant-1")?)
+    ///         .run(|_| async { Ok::<_, std::io::Error>("em_1".to_string()) }),
+    /// );
+    /// assert_eq!(task.await??.value, "em_1");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn call_owned(&self, operation: Operation, key: Key) -> Call<'static, S, JsonCodec> {
+        Call::new(
+            Cow::Owned(self.clone()),
+            Cow::Owned(operation),
+            Cow::Owned(key),
+        )
+    }
+}

@@ -1,0 +1,282 @@
+//! Configuring and connecting a [`RedisStore`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idemkit_core::{StoreError, StoreErrorKind};
+use redis::aio::ConnectionManagerConfig;
+use redis::cluster::ClusterClientBuilder;
+use redis::{IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind, Value};
+
+use crate::RedisStore;
+use crate::conn::Conn;
+use crate::durable::{Durable, Opener};
+use crate::errors::map_err;
+use crate::wake::Waiters;
+
+/// What [`RedisStoreBuilder::eviction_check`] does about a server that may evict our keys.
+///
+/// # Example
+///
+/// ```
+/// use idemkit_redis::EvictionCheck;
+/// assert_ne!(EvictionCheck::Warn, EvictionCheck::Refuse);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EvictionCheck {
+    /// Connect, and log a warning naming the policy. The default.
+    Warn,
+    /// Refuse to connect ([`StoreErrorKind::Rejected`]).
+    Refuse,
+    /// Do not check (the server may forbid `CONFIG`).
+    Skip,
+}
+
+/// Configures a [`RedisStore`].
+///
+/// # Example
+///
+/// ```no_run
+/// # async fn run() -> Result<(), idemkit_core::StoreError> {
+/// use std::time::Duration;
+/// let store = idemkit_redis::RedisStore::builder()
+///     .prefix("idemkit")
+///     .response_timeout(Duration::from_millis(500))
+///     .connect_cluster(["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"])
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct RedisStoreBuilder {
+    prefix: String,
+    response_timeout: Duration,
+    connection_timeout: Duration,
+    replicas: Option<(usize, Duration)>,
+    eviction: EvictionCheck,
+}
+
+impl Default for RedisStoreBuilder {
+    fn default() -> Self {
+        RedisStoreBuilder {
+            prefix: "idemkit".to_string(),
+            response_timeout: Duration::from_secs(1),
+            connection_timeout: Duration::from_secs(1),
+            replicas: None,
+            eviction: EvictionCheck::Warn,
+        }
+    }
+}
+
+impl RedisStoreBuilder {
+    /// The namespace every key starts with (default `idemkit`). It must not contain `{` or
+    /// `}` (they would break Cluster hash tags); such characters are replaced with `_`.
+    ///
+    /// # Example
+    ///
+    /// See [`RedisStoreBuilder`].
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into().replace(['{', '}'], "_");
+        self
+    }
+
+    /// How long a command may take before it fails as unavailable (default 1 s).
+    ///
+    /// # Example
+    ///
+    /// See [`RedisStoreBuilder`].
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// The durability guard: after each reservation and each completion, wait until
+    /// `replicas` replicas acknowledged the write (`WAIT replicas timeout`), and report the
+    /// store unavailable if they did not within `timeout`.
+    ///
+    /// Redis replicates asynchronously: without the guard, a failover that promotes a
+    /// replica which missed the last writes loses those reservations and results, and the
+    /// action can run again. The guard narrows that window to writes whose acknowledgement
+    /// is still in flight, at the cost of one more round trip on each write phase (hits are
+    /// unaffected). Each guarded write and its `WAIT` run on a connection checked out for
+    /// that call (a small pool, opened on demand), so a slow `WAIT` holds up only its own
+    /// caller; on a Cluster `WAIT` goes to the key's primary only.
+    ///
+    /// A reservation that is not acknowledged is released again (by its owner token) and
+    /// `begin` fails as unavailable: the action does not run under fail-closed, and under
+    /// fail-open it runs unprotected without a reservation left behind. A completion that
+    /// is not acknowledged is reported like any completion failure (retried while the lease
+    /// lasts, then logged and counted).
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), idemkit_core::StoreError> {
+    /// use std::time::Duration;
+    /// let store = idemkit_redis::RedisStore::builder()
+    ///     .wait_for_replicas(1, Duration::from_millis(100))
+    ///     .connect("redis://127.0.0.1:6379")
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn wait_for_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
+        self.replicas = (replicas > 0).then_some((replicas, timeout));
+        self
+    }
+
+    /// What to do when the server's `maxmemory-policy` is not `noeviction` (checked once at
+    /// connect; on a Cluster, on one primary). Under any `volatile-*` or `allkeys-*` policy
+    /// Redis silently evicts reservations and records when it is full, and actions run
+    /// again. Default [`EvictionCheck::Warn`].
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), idemkit_core::StoreError> {
+    /// use idemkit_redis::{EvictionCheck, RedisStore};
+    /// let store = RedisStore::builder()
+    ///     .eviction_check(EvictionCheck::Refuse)
+    ///     .connect("redis://127.0.0.1:6379")
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn eviction_check(mut self, check: EvictionCheck) -> Self {
+        self.eviction = check;
+        self
+    }
+
+    /// How long connecting may take (default 1 s).
+    ///
+    /// # Example
+    ///
+    /// See [`RedisStoreBuilder`].
+    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
+        self.connection_timeout = timeout;
+        self
+    }
+
+    /// Connects to one Redis server (a `redis://` URL). The connection reconnects by itself;
+    /// calls made while it is down fail as [`StoreErrorKind::Unavailable`].
+    ///
+    /// # Errors
+    ///
+    /// An invalid URL, or a server that cannot be reached now.
+    ///
+    /// # Example
+    ///
+    /// See [`RedisStore::builder`].
+    pub async fn connect(self, url: &str) -> Result<RedisStore, StoreError> {
+        let info = url.into_connection_info().map_err(map_err)?;
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3);
+        let info = info.set_redis_settings(settings);
+        let client = redis::Client::open(info).map_err(map_err)?;
+        let waiters = Arc::new(Waiters::default());
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(self.response_timeout))
+            .set_connection_timeout(Some(self.connection_timeout))
+            .set_number_of_retries(1)
+            .set_automatic_resubscription()
+            .set_push_sender(push_handler(waiters.clone()));
+        let manager = client
+            .get_connection_manager_with_config(config)
+            .await
+            .map_err(map_err)?;
+        let mut conn = Conn::Single(manager);
+        check_eviction(&mut conn, self.eviction).await?;
+        let durable = self.replicas.map(|(n, timeout)| {
+            Durable::new(
+                n,
+                timeout,
+                self.response_timeout,
+                Opener::Single(Box::new(client)),
+            )
+        });
+        Ok(RedisStore::new(conn, self.prefix, durable, waiters))
+    }
+
+    /// Connects to a Redis Cluster through any of its nodes.
+    ///
+    /// # Errors
+    ///
+    /// Invalid URLs, or no node reachable now.
+    ///
+    /// # Example
+    ///
+    /// See [`RedisStoreBuilder`].
+    pub async fn connect_cluster<I, U>(self, nodes: I) -> Result<RedisStore, StoreError>
+    where
+        I: IntoIterator<Item = U>,
+        U: IntoConnectionInfo,
+    {
+        let waiters = Arc::new(Waiters::default());
+        let client = ClusterClientBuilder::new(nodes)
+            .use_protocol(ProtocolVersion::RESP3)
+            .response_timeout(self.response_timeout)
+            .connection_timeout(self.connection_timeout)
+            .push_sender(push_handler(waiters.clone()))
+            .build()
+            .map_err(map_err)?;
+        let mut conn = Conn::Cluster(client.get_async_connection().await.map_err(map_err)?);
+        check_eviction(&mut conn, self.eviction).await?;
+        let durable = self.replicas.map(|(n, timeout)| {
+            // Guarded writes open their own cluster connections; push messages are not
+            // needed there (nobody subscribes on them).
+            Durable::new(
+                n,
+                timeout,
+                self.response_timeout,
+                Opener::Cluster(Box::new(client)),
+            )
+        });
+        Ok(RedisStore::new(conn, self.prefix, durable, waiters))
+    }
+}
+
+/// Called by the connection for every push message: wakes the waiters of its channel.
+fn push_handler(waiters: Arc<Waiters>) -> impl Fn(PushInfo) -> Result<(), ()> + Send + Sync {
+    move |push: PushInfo| {
+        if let (PushKind::Message | PushKind::SMessage, Some(Value::BulkString(channel))) =
+            (&push.kind, push.data.first())
+        {
+            waiters.notify(channel);
+        }
+        Ok(())
+    }
+}
+
+/// `CONFIG GET maxmemory-policy`, judged by `check`.
+async fn check_eviction(conn: &mut Conn, check: EvictionCheck) -> Result<(), StoreError> {
+    if check == EvictionCheck::Skip {
+        return Ok(());
+    }
+    // A map in RESP3, a flat array in RESP2: the map type reads both.
+    let reply: Result<std::collections::HashMap<String, String>, _> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("maxmemory-policy")
+        .query_async(conn)
+        .await;
+    let policy = match reply {
+        Ok(config) => config.get("maxmemory-policy").cloned().unwrap_or_default(),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not read maxmemory-policy; make sure it is noeviction");
+            return Ok(());
+        }
+    };
+    if policy == "noeviction" {
+        return Ok(());
+    }
+    let what = format!(
+        "maxmemory-policy is {policy:?}: a full server would silently evict reservations and \
+         records, and actions would run again; set it to noeviction (or use a dedicated server)"
+    );
+    match check {
+        EvictionCheck::Refuse => Err(StoreError::new(StoreErrorKind::Rejected, what)),
+        _ => {
+            tracing::warn!("{what}");
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,232 @@
+//! Redis-specific findings of the review (issue 7), against servers these tests start.
+
+mod support;
+
+use std::process::Command;
+use std::time::Duration;
+
+use idemkit_core::{
+    Begin, BeginRequest, Coordinator, Key, Operation, OwnerToken, StorageKey, Store, StoreErrorKind,
+};
+use idemkit_redis::{EvictionCheck, RedisStore};
+use support::RedisProcess;
+
+fn cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .arg("-p")
+        .arg(port.to_string())
+        .args(args)
+        .output()
+        .expect("redis-cli");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn storage_key(k: &str) -> StorageKey {
+    StorageKey::new(&Operation::new("op").unwrap(), None, &Key::new(k).unwrap())
+}
+
+async fn reserve(store: &RedisStore, key: &StorageKey) -> idemkit_core::Lease {
+    let req = BeginRequest::new(key, OwnerToken::random(), Duration::from_secs(60));
+    match store.begin(&req).await.unwrap() {
+        Begin::Reserved { lease, .. } => lease,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Before: `join()` raised the waiter count and `leave()` ran after an `.await` with no drop
+/// guard: a waiter dropped by a timeout kept its registration and its Redis subscription
+/// for ever (`PUBSUB NUMSUB` stayed 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_waiter_leaves_no_subscription_and_push_still_works() {
+    let server = RedisProcess::start(&[]);
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let key = storage_key("cancelled");
+    let lease = reserve(&store, &key).await;
+    let channel = format!("{}:wake", store.redis_key(&key));
+
+    let cancelled = tokio::time::timeout(
+        Duration::from_millis(100),
+        store.wait(&key, lease.fencing, Duration::from_secs(30)),
+    )
+    .await;
+    assert!(cancelled.is_err(), "the wait should have been cancelled");
+    assert_eq!(
+        store.waiting_channels(),
+        0,
+        "the cancelled waiter is still registered"
+    );
+    let mut numsub = String::new();
+    for _ in 0..100 {
+        numsub = cli(server.port, &["PUBSUB", "NUMSUB", &channel]);
+        if numsub.ends_with('0') {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(numsub.ends_with("\n0"), "still subscribed: {numsub:?}");
+
+    // A new waiter subscribes afresh and is woken by the completion's publication, long
+    // before the 60 s lease would have ended.
+    let waiter = {
+        let (store, key) = (store.clone(), key.clone());
+        tokio::spawn(async move {
+            store
+                .wait(&key, lease.fencing, Duration::from_secs(30))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    store
+        .complete(
+            &key,
+            &lease,
+            &idemkit_core::Completion::new(
+                idemkit_core::OutcomeKind::Value,
+                "1",
+                Duration::from_secs(60),
+            ),
+        )
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the new waiter was not woken by push")
+        .unwrap()
+        .unwrap();
+    assert_eq!(store.waiting_channels(), 0);
+}
+
+/// Before: a reservation without an expiry (`PERSIST`) was reported in flight with
+/// `retry_after = 0`, and waiters spun `begin` + `watch` until their timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_without_expiry_is_corrupt_not_a_spin() {
+    let server = RedisProcess::start(&[]);
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let key = storage_key("persisted");
+    reserve(&store, &key).await;
+    assert_eq!(cli(server.port, &["PERSIST", &store.redis_key(&key)]), "1");
+    let other = BeginRequest::new(&key, OwnerToken::random(), Duration::from_secs(15));
+    assert_eq!(
+        store.begin(&other).await.unwrap_err().kind(),
+        StoreErrorKind::Corrupt
+    );
+    let mailer = idemkit_test::Mailer::default();
+    let r = Coordinator::new(store)
+        .call(
+            &Operation::new("op").unwrap(),
+            &Key::new("persisted").unwrap(),
+        )
+        .run(|_| mailer.send(Duration::ZERO))
+        .await;
+    assert_eq!(r.unwrap_err().kind(), idemkit_core::ErrorKind::Store);
+    assert_eq!(mailer.sent(), 0);
+}
+
+/// Before: nothing looked at the eviction policy, and `allkeys-lru` silently evicts
+/// reservations and records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicting_server_is_refused_or_warned_about() {
+    let server = RedisProcess::start(&["--maxmemory-policy", "allkeys-lru"]);
+    let refused = RedisStore::builder()
+        .eviction_check(EvictionCheck::Refuse)
+        .connect(&server.url())
+        .await
+        .unwrap_err();
+    assert_eq!(refused.kind(), StoreErrorKind::Rejected);
+    assert!(refused.to_string().contains("allkeys-lru"), "{refused}");
+    // The default warns and connects.
+    RedisStore::connect(&server.url()).await.unwrap();
+    let safe = RedisProcess::start(&["--maxmemory-policy", "noeviction"]);
+    RedisStore::builder()
+        .eviction_check(EvictionCheck::Refuse)
+        .connect(&safe.url())
+        .await
+        .unwrap();
+}
+
+/// Before: `READONLY` (a demoted primary) and `OOM` (a full server) were `Other`: never
+/// fail-open, and renewals "retried" against them for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_replica_and_a_full_server_are_unavailable() {
+    let primary = RedisProcess::start(&[]);
+    let replica = RedisProcess::start(&["--replicaof", "127.0.0.1", &primary.port.to_string()]);
+    let store = RedisStore::builder()
+        .eviction_check(EvictionCheck::Skip)
+        .connect(&replica.url())
+        .await
+        .unwrap();
+    let key = storage_key("readonly");
+    let req = BeginRequest::new(&key, OwnerToken::random(), Duration::from_secs(15));
+    assert_eq!(
+        store.begin(&req).await.unwrap_err().kind(),
+        StoreErrorKind::Unavailable
+    );
+
+    let full = RedisProcess::start(&["--maxmemory", "1", "--maxmemory-policy", "noeviction"]);
+    let store = RedisStore::connect(&full.url()).await.unwrap();
+    assert_eq!(
+        store.begin(&req).await.unwrap_err().kind(),
+        StoreErrorKind::Unavailable
+    );
+}
+
+/// Before: `complete` was tried once. With Redis down for a moment between the action's end
+/// and its completion, the result was never stored: the key expired with its lease and the
+/// next delivery ran the effect again. Now the completion is retried while the lease lasts.
+/// The server persists every write (AOF, fsync always), so the reservation survives its
+/// restart, as it would on a production server with persistence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_between_the_action_and_its_completion_still_stores_the_result() {
+    let server = std::sync::Arc::new(std::sync::Mutex::new(RedisProcess::start(&[
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+    ])));
+    let url = server.lock().unwrap().url();
+    let store = RedisStore::builder()
+        .response_timeout(Duration::from_millis(200))
+        .connect(&url)
+        .await
+        .unwrap();
+    let c = Coordinator::builder(store)
+        .policy(idemkit_core::Policy::default().lease(Duration::from_secs(5)))
+        .build();
+    let (op, key) = (
+        Operation::new("mail.invoice").unwrap(),
+        Key::new("k").unwrap(),
+    );
+    let mailer = idemkit_test::Mailer::default();
+    let first = {
+        let (server, mailer) = (server.clone(), mailer.clone());
+        c.call(&op, &key)
+            .run(move |_| async move {
+                let receipt = mailer.send(Duration::ZERO).await;
+                // The effect happened; now Redis goes away for a second.
+                tokio::task::spawn_blocking(move || {
+                    server.lock().unwrap().stop();
+                    std::thread::sleep(Duration::from_secs(1));
+                    server.lock().unwrap().restart();
+                });
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                receipt
+            })
+            .await
+            .unwrap()
+    };
+    assert_eq!(
+        (first.value.as_str(), first.source),
+        ("em_1", idemkit_core::Source::Fresh)
+    );
+    let again = c
+        .call(&op, &key)
+        .in_flight(idemkit_core::InFlight::Reject)
+        .run(|_| mailer.send(Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(
+        (again.value.as_str(), again.source),
+        ("em_1", idemkit_core::Source::Replayed)
+    );
+    assert_eq!(mailer.sent(), 1);
+}
