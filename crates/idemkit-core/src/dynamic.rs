@@ -19,6 +19,7 @@ type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// The object-safe mirror of [`Store`] and [`RawStore`]: each method boxes its future.
 trait Erased: Send + Sync + 'static {
     fn max_ttl(&self) -> Duration;
+    fn call_timeout(&self) -> Option<Duration>;
     fn begin<'a>(&'a self, req: &'a BeginRequest<'a>) -> BoxFuture<'a, Result<Begin, StoreError>>;
     fn renew<'a>(
         &'a self,
@@ -71,6 +72,9 @@ macro_rules! erase_store {
         impl<S: $bound + fmt::Debug> Erased for $wrapper<S> {
             fn max_ttl(&self) -> Duration {
                 self.0.max_ttl()
+            }
+            fn call_timeout(&self) -> Option<Duration> {
+                self.0.call_timeout()
             }
             fn begin<'a>(
                 &'a self,
@@ -210,6 +214,10 @@ impl fmt::Debug for DynStore {
 impl Store for DynStore {
     fn max_ttl(&self) -> Duration {
         self.0.max_ttl()
+    }
+
+    fn call_timeout(&self) -> Option<Duration> {
+        self.0.call_timeout()
     }
 
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Begin, StoreError> {

@@ -130,7 +130,9 @@ impl KeyError {
 fn check_text(s: &str, ident: IdentKind, max: usize) -> Result<(), KeyError> {
     // Blank counts as empty: an id field that came through as spaces must not become a
     // key that every other blank id shares.
-    if s.trim().is_empty() {
+    // A printable ASCII first byte cannot start a blank value: most keys stop there.
+    let printable = s.as_bytes().first().is_some_and(u8::is_ascii_graphic);
+    if !printable && s.trim_start().is_empty() {
         return Err(KeyError::Empty { ident });
     }
     if s.len() > max {
@@ -224,7 +226,7 @@ impl Operation {
     pub fn new(name: impl AsRef<str>) -> Result<Self, KeyError> {
         let name = name.as_ref();
         let ident = IdentKind::Operation;
-        if name.trim().is_empty() {
+        if name.trim_start().is_empty() {
             return Err(KeyError::Empty { ident });
         }
         // Inner spaces only: " x" and "x " would look like "x" in every log and label.

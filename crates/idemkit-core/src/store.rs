@@ -448,6 +448,16 @@ pub trait Store: Clone + Send + Sync + 'static {
         crate::Policy::MAX_DURATION
     }
 
+    /// How long one call of this store can take at most, if the store enforces a limit
+    /// itself (a response timeout; for `wait`, on top of its `timeout`). The coordinator
+    /// bounds every store call by its policy's `store_timeout` (renewals by a third of the
+    /// lease); when the store's own limit is within that, it skips its timer, which saves
+    /// a timer per call. Default `None`: no limit of its own, the coordinator times every
+    /// call that does not answer at once.
+    fn call_timeout(&self) -> Option<Duration> {
+        None
+    }
+
     /// Reserve the key for `req.lease`, or return the completed record, or report the live
     /// owner, or report a fingerprint mismatch; atomically. An expired reservation or record
     /// counts as absent. A new reservation's fencing token is greater than every earlier one

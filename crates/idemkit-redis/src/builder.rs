@@ -186,6 +186,7 @@ impl RedisStoreBuilder {
             .map_err(map_err)?;
         let mut conn = Conn::Single(manager);
         check_eviction(&mut conn, self.eviction).await?;
+        let limit = self.call_limit();
         let durable = self.replicas.map(|(n, timeout)| {
             Durable::new(
                 n,
@@ -194,7 +195,7 @@ impl RedisStoreBuilder {
                 Opener::Single(Box::new(client)),
             )
         });
-        Ok(RedisStore::new(conn, self.prefix, durable, waiters))
+        Ok(RedisStore::new(conn, self.prefix, durable, waiters, limit))
     }
 
     /// Connects to a Redis Cluster through any of its nodes.
@@ -221,6 +222,7 @@ impl RedisStoreBuilder {
             .map_err(map_err)?;
         let mut conn = Conn::Cluster(client.get_async_connection().await.map_err(map_err)?);
         check_eviction(&mut conn, self.eviction).await?;
+        let limit = self.call_limit();
         let durable = self.replicas.map(|(n, timeout)| {
             // Guarded writes open their own cluster connections; push messages are not
             // needed there (nobody subscribes on them).
@@ -231,7 +233,19 @@ impl RedisStoreBuilder {
                 Opener::Cluster(Box::new(client)),
             )
         });
-        Ok(RedisStore::new(conn, self.prefix, durable, waiters))
+        Ok(RedisStore::new(conn, self.prefix, durable, waiters, limit))
+    }
+
+    /// The longest one store call can take (see `Store::call_timeout`): a script call is at
+    /// most three commands (`EVALSHA`, and after `NOSCRIPT` a `SCRIPT LOAD` and the
+    /// `EVALSHA` again), each bounded by the response timeout, plus one reconnect; a wait
+    /// adds its `SUBSCRIBE`. With the durability guard, none: a guarded write also opens
+    /// connections and waits for replicas, and the coordinator times it itself.
+    fn call_limit(&self) -> Option<Duration> {
+        if self.replicas.is_some() {
+            return None;
+        }
+        Some(self.response_timeout * 3 + self.connection_timeout.max(self.response_timeout))
     }
 }
 

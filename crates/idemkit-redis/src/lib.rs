@@ -96,6 +96,8 @@ struct Shared {
     /// subscribe to the same channel and cancel it: the unsubscribe re-checks, under this
     /// lock, that nobody waits on the channel again.
     pubsub: Arc<tokio::sync::Mutex<()>>,
+    /// The longest one call can take, enforced by the connection's response timeout.
+    call_timeout: Option<Duration>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -116,7 +118,13 @@ impl std::fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
-    fn new(conn: Conn, prefix: String, durable: Option<Durable>, waiters: Arc<Waiters>) -> Self {
+    fn new(
+        conn: Conn,
+        prefix: String,
+        durable: Option<Durable>,
+        waiters: Arc<Waiters>,
+        call_timeout: Option<Duration>,
+    ) -> Self {
         RedisStore {
             conn,
             shared: Arc::new(Shared {
@@ -124,6 +132,7 @@ impl RedisStore {
                 durable: durable.map(Arc::new),
                 waiters,
                 pubsub: Arc::default(),
+                call_timeout,
             }),
         }
     }
@@ -160,6 +169,7 @@ impl RedisStore {
                 durable: self.shared.durable.clone(),
                 waiters: self.shared.waiters.clone(),
                 pubsub: self.shared.pubsub.clone(),
+                call_timeout: self.shared.call_timeout,
             }),
         }
     }
@@ -267,25 +277,38 @@ impl RedisStore {
         args: impl FnOnce(&mut Cmd),
         needs_wait: impl FnOnce(&Value) -> bool,
     ) -> Result<(Value, Result<(), StoreError>), StoreError> {
-        let Some(durable) = &self.shared.durable else {
-            return Ok((self.eval(lua, rkey, args).await?, Ok(())));
-        };
-        let mut conn = durable.checkout().await?;
-        let reply: Value = eval_on(&mut conn, lua, rkey, args).await?;
-        let acked = if needs_wait(&reply) {
-            durable.replicated(&mut conn, rkey).await
-        } else {
-            Ok(())
-        };
-        if acked
-            .as_ref()
-            .map_or_else(StoreError::is_unavailable, |()| true)
-        {
-            // Good, or a clean "not enough replicas" answer: the connection is fine.
-            durable.checkin(conn);
+        match &self.shared.durable {
+            None => Ok((self.eval(lua, rkey, args).await?, Ok(()))),
+            // Boxed: the guarded path (a connection to open, a `WAIT`) would otherwise make
+            // every call's future larger, and futures are moved on every call.
+            Some(durable) => Box::pin(eval_durable(durable, lua, rkey, args, needs_wait)).await,
         }
-        Ok((reply, acked))
     }
+}
+
+/// The guarded half of [`RedisStore::eval_guarded`].
+async fn eval_durable(
+    durable: &Durable,
+    lua: &scripts::Lua,
+    rkey: &str,
+    args: impl FnOnce(&mut Cmd),
+    needs_wait: impl FnOnce(&Value) -> bool,
+) -> Result<(Value, Result<(), StoreError>), StoreError> {
+    let mut conn = durable.checkout().await?;
+    let reply: Value = eval_on(&mut conn, lua, rkey, args).await?;
+    let acked = if needs_wait(&reply) {
+        durable.replicated(&mut conn, rkey).await
+    } else {
+        Ok(())
+    };
+    if acked
+        .as_ref()
+        .map_or_else(StoreError::is_unavailable, |()| true)
+    {
+        // Good, or a clean "not enough replicas" answer: the connection is fine.
+        durable.checkin(conn);
+    }
+    Ok((reply, acked))
 }
 
 /// `EVALSHA` of `lua` on `rkey` with `args`: one round trip. After a server restart
@@ -324,6 +347,10 @@ async fn eval_on<T: redis::FromRedisValue>(
 impl Store for RedisStore {
     fn max_ttl(&self) -> Duration {
         keys::MAX_TTL
+    }
+
+    fn call_timeout(&self) -> Option<Duration> {
+        self.shared.call_timeout
     }
 
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Begin, StoreError> {

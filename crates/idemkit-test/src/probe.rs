@@ -234,6 +234,13 @@ impl<S: Store> Probe<S> {
 }
 
 impl<S: Store> Store for Probe<S> {
+    fn max_ttl(&self) -> Duration {
+        self.inner.max_ttl()
+    }
+
+    // `call_timeout` stays `None`: the probe can hang a call (`hang_next`) whatever the
+    // inner store promises, so the coordinator must time every call.
+
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Begin, StoreError> {
         self.enter(0, Some(Fault::Begin)).await?;
         self.inner.begin(req).await

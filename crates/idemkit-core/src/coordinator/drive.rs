@@ -74,15 +74,19 @@ impl<S: Store, C> Call<'_, S, C> {
             operation = %self.operation,
             key = %self.key,
         );
-        async move {
-            let effective = match self.effective() {
-                Ok(e) => e,
-                Err(reason) => return Err(Error::Config { reason }),
-            };
+        let effective = match self.effective() {
+            Ok(e) => e,
+            Err(reason) => return Err(Error::Config { reason }),
+        };
+        // Without a subscriber that wants the span, skip the wrapper: instrumenting moves the
+        // whole call's state into it, on every call.
+        if span.is_disabled() {
             self.drive(&effective, action, &errors).await
+        } else {
+            self.drive(&effective, action, &errors)
+                .instrument(span)
+                .await
         }
-        .instrument(span)
-        .await
     }
 
     async fn drive<T, E, F, Fut, P>(
@@ -107,7 +111,12 @@ impl<S: Store, C> Call<'_, S, C> {
 
         loop {
             let started = now();
-            let begin = bounded(policy.store_timeout, store.begin(&req)).await;
+            let begin = bounded(
+                policy.store_timeout,
+                store.call_timeout(),
+                store.begin(&req),
+            )
+            .await;
             op.metrics().timing(Phase::Begin, started);
             match begin {
                 // Rows 1 and 4: ours, fresh or taken over from an expired owner.
@@ -154,7 +163,7 @@ impl<S: Store, C> Call<'_, S, C> {
                             op.metrics().unprotected_in_flight.increment(1);
                             tracing::warn!(operation = %op, key = %self.key,
                                 "running unprotected beside a live owner (in_flight=run)");
-                            return run_unprotected(action).await;
+                            return Box::pin(run_unprotected(action)).await;
                         }
                         InFlight::Wait => {
                             let started = now();
@@ -171,20 +180,28 @@ impl<S: Store, C> Call<'_, S, C> {
                             // deadline.
                             let timeout = lease_left.min(deadline - started);
                             let limit = timeout.saturating_add(policy.store_timeout);
-                            let waited = bounded(limit, store.wait(&key, fencing, timeout)).await;
+                            // The store's own limit applies on top of the wait's timeout too.
+                            let own = store.call_timeout().map(|t| t.saturating_add(timeout));
+                            // Boxed, like the failure paths: rare, slow paths would otherwise
+                            // enlarge every call's future, which is moved on every call.
+                            let waited =
+                                Box::pin(bounded(limit, own, store.wait(&key, fencing, timeout)))
+                                    .await;
                             op.metrics().timing(Phase::Wait, started);
                             if let Err(source) = waited {
-                                return self
-                                    .store_failed(Phase::Wait, source, policy, action)
-                                    .await;
+                                return Box::pin(self.store_failed(
+                                    Phase::Wait,
+                                    source,
+                                    policy,
+                                    action,
+                                ))
+                                .await;
                             }
                         }
                     }
                 }
                 Err(source) => {
-                    return self
-                        .store_failed(Phase::Begin, source, policy, action)
-                        .await;
+                    return Box::pin(self.store_failed(Phase::Begin, source, policy, action)).await;
                 }
             }
         }
@@ -261,49 +278,61 @@ impl<S: Store, C> Call<'_, S, C> {
             };
             let result = action(attempt).await;
             op.metrics().timing(Phase::Action, started);
-            match result {
+            // What to store, and what to answer once it is stored (or not).
+            let (completion, answer) = match result {
                 Ok(value) => {
                     let completion = self.encode_value(&value, effective);
-                    guard.pending = Pending::Complete(completion.clone());
-                    keeper.complete(&completion).await;
-                    guard.pending = Pending::Done;
-                    Ok(Outcome::new(value, Source::Fresh, Some(lease.fencing)))
+                    let answer = Ok(Outcome::new(value, Source::Fresh, Some(lease.fencing)));
+                    (completion, answer)
                 }
-                Err(e) => {
-                    let stored = match errors.encode(&self.codec, &e) {
-                        None => None,
-                        Some(Ok(bytes)) if bytes.len() <= policy.max_result_bytes => Some(
-                            Completion::new(OutcomeKind::PermanentError, bytes, effective.ttl),
-                        ),
-                        Some(Ok(bytes)) => {
-                            tracing::warn!(operation = %op, key = %self.key, len = bytes.len(),
-                                max = policy.max_result_bytes,
-                                "permanent error too large to store; releasing the key");
-                            None
-                        }
-                        Some(Err(encode_error)) => {
-                            tracing::warn!(operation = %op, key = %self.key, error = %encode_error,
-                                "permanent error could not be encoded; releasing the key");
-                            None
-                        }
-                    };
-                    if let Some(completion) = stored {
-                        guard.pending = Pending::Complete(completion.clone());
-                        let done = keeper.complete(&completion).await;
+                Err(e) => match self.permanent_error(&e, errors, effective) {
+                    Some(completion) => (completion, Err(e)),
+                    None => {
                         guard.pending = Pending::Done;
-                        if done {
-                            return Err(Error::ActionStored(e));
-                        }
-                        // Not stored: the key expires with its lease, and a retry runs again.
+                        // Boxed: only a failed action takes this path.
+                        Box::pin(self.release(key, &lease, policy)).await;
                         return Err(Error::Action(e));
                     }
-                    guard.pending = Pending::Done;
-                    self.release(key, &lease, policy).await;
-                    Err(Error::Action(e))
-                }
+                },
+            };
+            guard.pending = Pending::Complete(completion.clone());
+            let stored = keeper.complete(&completion).await;
+            guard.pending = Pending::Done;
+            match answer {
+                Ok(outcome) => Ok(outcome),
+                Err(e) if stored => Err(Error::ActionStored(e)),
+                // A permanent error that was not stored: the key expires with its lease,
+                // and a retry runs the action again.
+                Err(e) => Err(Error::Action(e)),
             }
         };
         keeper.keep_while(work).await
+    }
+
+    /// The completion that stores `e` as a permanent error, if the call's error policy says
+    /// it is one and it can be stored (encodable, within `max_result_bytes`).
+    fn permanent_error<E, P>(&self, e: &E, errors: &P, effective: &Effective) -> Option<Completion>
+    where
+        P: ErrorPolicy<C, E>,
+    {
+        let max = effective.policy.max_result_bytes;
+        match errors.encode(&self.codec, e)? {
+            Ok(bytes) if bytes.len() <= max => Some(Completion::new(
+                OutcomeKind::PermanentError,
+                bytes,
+                effective.ttl,
+            )),
+            Ok(bytes) => {
+                tracing::warn!(operation = %self.operation, key = %self.key, len = bytes.len(), max,
+                    "permanent error too large to store; releasing the key");
+                None
+            }
+            Err(encode_error) => {
+                tracing::warn!(operation = %self.operation, key = %self.key, error = %encode_error,
+                    "permanent error could not be encoded; releasing the key");
+                None
+            }
+        }
     }
 
     /// Encodes a successful value, or explains why it cannot be kept. Never fails: once the
@@ -363,7 +392,12 @@ impl<S: Store, C> Call<'_, S, C> {
     async fn release(&self, key: &StorageKey, lease: &Lease, policy: &Policy) {
         let store = self.coordinator.store();
         let started = now();
-        let released = bounded(policy.store_timeout, store.release(key, lease)).await;
+        let released = bounded(
+            policy.store_timeout,
+            store.call_timeout(),
+            store.release(key, lease),
+        )
+        .await;
         self.operation.metrics().timing(Phase::Release, started);
         match released {
             Ok(()) => {}

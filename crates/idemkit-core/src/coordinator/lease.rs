@@ -4,9 +4,10 @@
 
 use std::future::Future;
 use std::mem;
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -86,16 +87,59 @@ pub(crate) fn after(from: Instant, d: Duration) -> Instant {
 }
 
 /// Bounds one store call: no answer within `limit` is an outage, like a refused connection.
-pub(crate) async fn bounded<T>(
-    limit: Duration,
-    call: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    match tokio::time::timeout(limit, call).await {
-        Ok(result) => result,
-        Err(_) => Err(StoreError::unavailable(format!(
-            "no answer within {} ms",
-            limit.as_millis()
-        ))),
+///
+/// The timer is created (and boxed) only when the call is still pending after its first
+/// poll: a store that answers at once (`MemoryStore`) pays neither the clock read nor the
+/// timer, and the call's future stays small (it is moved on every call).
+pub(crate) fn bounded<F, T>(limit: Duration, own: Option<Duration>, call: F) -> Bounded<F>
+where
+    F: Future<Output = Result<T, StoreError>>,
+{
+    Bounded {
+        call,
+        limit,
+        // The store bounds its calls within our limit itself: no timer of ours.
+        timed: own.is_none_or(|own| own > limit),
+        timer: None,
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// See [`bounded`].
+    pub(crate) struct Bounded<F> {
+        #[pin]
+        call: F,
+        limit: Duration,
+        timed: bool,
+        timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    }
+}
+
+impl<F, T> Future for Bounded<F>
+where
+    F: Future<Output = Result<T, StoreError>>,
+{
+    type Output = Result<T, StoreError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if let Poll::Ready(answer) = this.call.poll(cx) {
+            return Poll::Ready(answer);
+        }
+        if !*this.timed {
+            return Poll::Pending;
+        }
+        let limit = *this.limit;
+        let timer = this
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match timer.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(StoreError::unavailable(format!(
+                "no answer within {} ms",
+                limit.as_millis()
+            )))),
+            Poll::Pending => Poll::Pending,
+        }
     }
 }
 
@@ -139,12 +183,11 @@ impl<S: Store> Keeper<'_, S> {
         let (op, key) = (self.operation, self.key);
         let every = self.policy.renew_every();
         let retry = (every / 4).max(Duration::from_millis(1));
-        let hold_ends = after(self.reserved_at, self.policy.max_hold);
         let mut next = after(self.reserved_at, every);
         loop {
             tokio::time::sleep_until(next).await;
             let sent = now();
-            if sent >= hold_ends {
+            if sent.duration_since(self.reserved_at) >= self.policy.max_hold {
                 self.operation.metrics().lease_lost.increment(1);
                 tracing::warn!(operation = %op, key = %key, max_hold_ms = self.policy.max_hold.as_millis() as u64,
                     "the action has held its key past max_hold: renewals stop, the key can be taken over when the lease ends");
@@ -154,6 +197,7 @@ impl<S: Store> Keeper<'_, S> {
             let limit = self.policy.store_timeout.min(every);
             match bounded(
                 limit,
+                self.store.call_timeout(),
                 self.store.renew(self.key, &self.lease, self.policy.lease),
             )
             .await
@@ -188,6 +232,7 @@ impl<S: Store> Keeper<'_, S> {
             let started = now();
             let result = bounded(
                 self.policy.store_timeout,
+                self.store.call_timeout(),
                 self.store.complete(self.key, &self.lease, completion),
             )
             .await;
@@ -218,7 +263,9 @@ impl<S: Store> Keeper<'_, S> {
             }
             tracing::debug!(operation = %op, key = %key, error = %e, backoff_ms = backoff.as_millis() as u64,
                 "completion failed; retrying while the lease lasts");
-            tokio::time::sleep_until(retry_at).await;
+            // Boxed: only a failed completion waits, and an inline timer would enlarge every
+            // owner's future.
+            Box::pin(tokio::time::sleep_until(retry_at)).await;
             backoff = (backoff * 2).min(Duration::from_secs(1));
         }
     }
