@@ -11,7 +11,7 @@ use bytes::Bytes;
 use crate::StorageKey;
 use crate::record::{FencingToken, Record};
 use crate::store::{
-    Begin, BeginRequest, Completion, Lease, RawStore, Store, StoreError, StoreErrorKind,
+    BeginRequest, Claim, CompleteRequest, Ownership, RawStore, Store, StoreError, StoreErrorKind,
 };
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -20,23 +20,23 @@ type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 trait Erased: Send + Sync + 'static {
     fn max_ttl(&self) -> Duration;
     fn call_timeout(&self) -> Option<Duration>;
-    fn begin<'a>(&'a self, req: &'a BeginRequest<'a>) -> BoxFuture<'a, Result<Begin, StoreError>>;
+    fn begin<'a>(&'a self, req: &'a BeginRequest<'a>) -> BoxFuture<'a, Result<Claim, StoreError>>;
     fn renew<'a>(
         &'a self,
         key: &'a StorageKey,
-        lease: &'a Lease,
+        lease: &'a Ownership,
         duration: Duration,
     ) -> BoxFuture<'a, Result<(), StoreError>>;
     fn complete<'a>(
         &'a self,
         key: &'a StorageKey,
-        lease: &'a Lease,
-        completion: &'a Completion,
+        lease: &'a Ownership,
+        completion: &'a CompleteRequest,
     ) -> BoxFuture<'a, Result<(), StoreError>>;
     fn release<'a>(
         &'a self,
         key: &'a StorageKey,
-        lease: &'a Lease,
+        lease: &'a Ownership,
     ) -> BoxFuture<'a, Result<(), StoreError>>;
     fn wait<'a>(
         &'a self,
@@ -79,13 +79,13 @@ macro_rules! erase_store {
             fn begin<'a>(
                 &'a self,
                 req: &'a BeginRequest<'a>,
-            ) -> BoxFuture<'a, Result<Begin, StoreError>> {
+            ) -> BoxFuture<'a, Result<Claim, StoreError>> {
                 Box::pin(self.0.begin(req))
             }
             fn renew<'a>(
                 &'a self,
                 key: &'a StorageKey,
-                lease: &'a Lease,
+                lease: &'a Ownership,
                 duration: Duration,
             ) -> BoxFuture<'a, Result<(), StoreError>> {
                 Box::pin(self.0.renew(key, lease, duration))
@@ -93,15 +93,15 @@ macro_rules! erase_store {
             fn complete<'a>(
                 &'a self,
                 key: &'a StorageKey,
-                lease: &'a Lease,
-                completion: &'a Completion,
+                lease: &'a Ownership,
+                completion: &'a CompleteRequest,
             ) -> BoxFuture<'a, Result<(), StoreError>> {
                 Box::pin(self.0.complete(key, lease, completion))
             }
             fn release<'a>(
                 &'a self,
                 key: &'a StorageKey,
-                lease: &'a Lease,
+                lease: &'a Ownership,
             ) -> BoxFuture<'a, Result<(), StoreError>> {
                 Box::pin(self.0.release(key, lease))
             }
@@ -220,14 +220,14 @@ impl Store for DynStore {
         self.0.call_timeout()
     }
 
-    async fn begin(&self, req: &BeginRequest<'_>) -> Result<Begin, StoreError> {
+    async fn begin(&self, req: &BeginRequest<'_>) -> Result<Claim, StoreError> {
         self.0.begin(req).await
     }
 
     async fn renew(
         &self,
         key: &StorageKey,
-        owner: &Lease,
+        owner: &Ownership,
         lease: Duration,
     ) -> Result<(), StoreError> {
         self.0.renew(key, owner, lease).await
@@ -236,13 +236,13 @@ impl Store for DynStore {
     async fn complete(
         &self,
         key: &StorageKey,
-        lease: &Lease,
-        completion: &Completion,
+        lease: &Ownership,
+        completion: &CompleteRequest,
     ) -> Result<(), StoreError> {
         self.0.complete(key, lease, completion).await
     }
 
-    async fn release(&self, key: &StorageKey, lease: &Lease) -> Result<(), StoreError> {
+    async fn release(&self, key: &StorageKey, lease: &Ownership) -> Result<(), StoreError> {
         self.0.release(key, lease).await
     }
 

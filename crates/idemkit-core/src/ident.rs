@@ -485,6 +485,22 @@ impl fmt::Display for Scope {
     }
 }
 
+/// Parses like [`Scope::new`].
+///
+/// # Example
+///
+/// ```
+/// let tenant: idemkit_core::Scope = "tenant-42".parse()?;
+/// assert_eq!(tenant.as_str(), "tenant-42");
+/// # Ok::<(), idemkit_core::KeyError>(())
+/// ```
+impl std::str::FromStr for Scope {
+    type Err = KeyError;
+    fn from_str(s: &str) -> Result<Self, KeyError> {
+        Scope::new(s)
+    }
+}
+
 // ===== StorageKey =====
 
 /// The text a store files a record under: operation, scope and key in one injective string.

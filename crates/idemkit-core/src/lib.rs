@@ -59,7 +59,7 @@ pub mod record;
 pub mod store;
 
 pub use codec::{BytesCodec, Codec, JsonCodec};
-pub use coordinator::{Attempt, Call, Coordinator, CoordinatorBuilder, Outcome, Source};
+pub use coordinator::{Attempt, Call, Coordinator, CoordinatorBuilder, Receipt, Source};
 pub use dynamic::DynStore;
 pub use error::{Disposition, Error, ErrorKind, Phase};
 pub use fingerprint::Fingerprint;
@@ -67,9 +67,9 @@ pub use ident::{IdentKind, Key, KeyError, Operation, Scope, StorageKey};
 pub use memory::MemoryStore;
 pub use policy::{InFlight, OnStoreError, Policy};
 pub use record::{
-    FencingToken, OutcomeKind, OwnerToken, Record, RecordError, RecordState, StoredOutcome,
+    FencingToken, OwnerToken, Record, RecordError, RecordState, ResultKind, StoredResult,
 };
 pub use store::{
-    Begin, BeginRequest, BoxError, Completed, Completion, Lease, RawStore, Store, StoreError,
+    BeginRequest, BoxError, Claim, CompleteRequest, Ownership, RawStore, Replay, Store, StoreError,
     StoreErrorKind,
 };

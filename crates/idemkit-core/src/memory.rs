@@ -12,9 +12,9 @@ use tokio::time::Instant;
 
 use crate::clock::Clock;
 use crate::coordinator::after;
-use crate::record::{FencingToken, OwnerToken, Record, RecordState, StoredOutcome};
+use crate::record::{FencingToken, OwnerToken, Record, RecordState, StoredResult};
 use crate::store::{
-    Begin, BeginRequest, Completed, Completion, Lease, RawStore, Store, StoreError,
+    BeginRequest, Claim, CompleteRequest, Ownership, RawStore, Replay, Store, StoreError,
 };
 use crate::{Fingerprint, StorageKey};
 
@@ -110,7 +110,7 @@ struct Slot {
 #[derive(Debug)]
 enum State {
     Reserved,
-    Completed(StoredOutcome),
+    Completed(StoredResult),
 }
 
 impl Entry {
@@ -123,7 +123,7 @@ impl Entry {
 }
 
 impl Slot {
-    fn owned_by(&self, lease: &Lease) -> bool {
+    fn owned_by(&self, lease: &Ownership) -> bool {
         self.owner == lease.owner && self.fencing == lease.fencing
     }
 
@@ -322,27 +322,25 @@ impl Shard {
 }
 
 impl Store for MemoryStore {
-    async fn begin(&self, req: &BeginRequest<'_>) -> Result<Begin, StoreError> {
+    async fn begin(&self, req: &BeginRequest<'_>) -> Result<Claim, StoreError> {
         let (mut shard, h, now) = self.shard(req.key);
         match shard.map.get_mut(h, req.key.as_str()) {
             Some(Entry::Record(slot)) if slot.expires > now => {
                 if slot.fingerprint != req.fingerprint {
-                    return Ok(Begin::Mismatch);
+                    return Ok(Claim::Mismatch);
                 }
                 Ok(match &slot.state {
                     // Our own reservation, asked for again (a retried `begin`).
-                    State::Reserved if slot.owner == req.owner => Begin::Reserved {
-                        lease: Lease::new(slot.owner, slot.fencing),
+                    State::Reserved if slot.owner == req.owner => Claim::Reserved {
+                        ownership: Ownership::new(slot.owner, slot.fencing),
                         took_over: false,
                     },
-                    State::Reserved => Begin::InFlight {
+                    State::Reserved => Claim::InFlight {
                         retry_after: slot.expires - now,
                         fencing: slot.fencing,
                         held_for: Some(now - slot.created),
                     },
-                    State::Completed(o) => {
-                        Begin::Completed(Completed::new(slot.fencing, o.clone()))
-                    }
+                    State::Completed(o) => Claim::Replay(Replay::new(slot.fencing, o.clone())),
                 })
             }
             Some(Entry::Foreign { bytes, expires }) if *expires > now => Err(corrupt(bytes)),
@@ -355,19 +353,22 @@ impl Store for MemoryStore {
                     old.wake_waiters();
                 }
                 let slot = self.new_slot(req, now);
-                let lease = Lease::new(slot.owner, slot.fencing);
+                let lease = Ownership::new(slot.owner, slot.fencing);
                 *entry = Entry::Record(slot);
-                Ok(Begin::Reserved { lease, took_over })
+                Ok(Claim::Reserved {
+                    ownership: lease,
+                    took_over,
+                })
             }
             None => {
                 shard.sweep_if_due(now, &self.inner.hasher);
                 let slot = self.new_slot(req, now);
-                let lease = Lease::new(slot.owner, slot.fencing);
+                let lease = Ownership::new(slot.owner, slot.fencing);
                 shard
                     .map
                     .insert(h, req.key.as_str(), Entry::Record(slot), &self.inner.hasher);
-                Ok(Begin::Reserved {
-                    lease,
+                Ok(Claim::Reserved {
+                    ownership: lease,
                     took_over: false,
                 })
             }
@@ -377,7 +378,7 @@ impl Store for MemoryStore {
     async fn renew(
         &self,
         key: &StorageKey,
-        lease: &Lease,
+        lease: &Ownership,
         ttl: Duration,
     ) -> Result<(), StoreError> {
         let (mut shard, h, now) = self.shard(key);
@@ -397,14 +398,14 @@ impl Store for MemoryStore {
     async fn complete(
         &self,
         key: &StorageKey,
-        lease: &Lease,
-        completion: &Completion,
+        lease: &Ownership,
+        completion: &CompleteRequest,
     ) -> Result<(), StoreError> {
         let (mut shard, h, now) = self.shard(key);
         match shard.map.get_mut(h, key.as_str()) {
             Some(Entry::Record(slot)) if slot.owned_by(lease) => match slot.state {
                 State::Reserved if slot.expires > now => {
-                    slot.state = State::Completed(StoredOutcome::new(
+                    slot.state = State::Completed(StoredResult::new(
                         completion.kind,
                         completion.bytes.clone(),
                     ));
@@ -420,7 +421,7 @@ impl Store for MemoryStore {
         }
     }
 
-    async fn release(&self, key: &StorageKey, lease: &Lease) -> Result<(), StoreError> {
+    async fn release(&self, key: &StorageKey, lease: &Ownership) -> Result<(), StoreError> {
         let (mut shard, h, now) = self.shard(key);
         match shard.map.get_mut(h, key.as_str()) {
             Some(Entry::Record(slot))
@@ -544,7 +545,7 @@ impl RawStore for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Key, Operation, OutcomeKind};
+    use crate::{Key, Operation, ResultKind};
 
     fn key(i: usize) -> StorageKey {
         StorageKey::new(
@@ -565,7 +566,7 @@ mod tests {
             .unwrap();
         assert!(matches!(
             first,
-            Begin::Reserved {
+            Claim::Reserved {
                 took_over: false,
                 ..
             }
@@ -578,7 +579,7 @@ mod tests {
         assert!(
             matches!(
                 second,
-                Begin::Reserved {
+                Claim::Reserved {
                     took_over: true,
                     ..
                 }
@@ -598,10 +599,13 @@ mod tests {
             for i in 0..5_000 {
                 let k = key(round * 5_000 + i);
                 let req = BeginRequest::new(&k, OwnerToken::random(), ttl);
-                let Begin::Reserved { lease, .. } = store.begin(&req).await.unwrap() else {
+                let Claim::Reserved {
+                    ownership: lease, ..
+                } = store.begin(&req).await.unwrap()
+                else {
                     panic!("fresh key not reserved")
                 };
-                let c = Completion::new(OutcomeKind::Value, "1", ttl);
+                let c = CompleteRequest::new(ResultKind::Value, "1", ttl);
                 store.complete(&k, &lease, &c).await.unwrap();
             }
             peak = peak.max(store.len());

@@ -44,8 +44,8 @@ pub const PHASE_SECONDS: &str = "idemkit_phase_seconds";
 
 /// One operation's metric handles, registered on its first call with the recorder installed
 /// then (install the recorder at start-up, before the first call). Cached so that a call
-/// does not build label sets and look handles up on every increment: without the cache,
-/// metrics were about 40% of a replay's cost.
+/// does not build label sets and look handles up on every increment, which would be a large
+/// part of a replay's cost (docs/benchmarks.md).
 #[derive(Debug)]
 pub(crate) struct OpMetrics {
     pub(crate) hits: Counter,

@@ -129,13 +129,13 @@ impl fmt::Display for FencingToken {
 /// # Example
 ///
 /// ```
-/// use idemkit_core::OutcomeKind;
+/// use idemkit_core::ResultKind;
 ///
-/// assert_eq!(OutcomeKind::from_byte(OutcomeKind::Value.to_byte()), Some(OutcomeKind::Value));
+/// assert_eq!(ResultKind::from_byte(ResultKind::Value.to_byte()), Some(ResultKind::Value));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum OutcomeKind {
+pub enum ResultKind {
     /// The encoded result of a successful action.
     Value,
     /// The encoded error of an action that failed permanently (opt-in).
@@ -145,20 +145,20 @@ pub enum OutcomeKind {
     Unavailable,
 }
 
-impl OutcomeKind {
+impl ResultKind {
     /// The byte used in the record format.
     ///
     /// # Example
     ///
     /// ```
-    /// # use idemkit_core::OutcomeKind;
-    /// assert_eq!(OutcomeKind::Value.to_byte(), 1);
+    /// # use idemkit_core::ResultKind;
+    /// assert_eq!(ResultKind::Value.to_byte(), 1);
     /// ```
     pub const fn to_byte(self) -> u8 {
         match self {
-            OutcomeKind::Value => 1,
-            OutcomeKind::PermanentError => 2,
-            OutcomeKind::Unavailable => 3,
+            ResultKind::Value => 1,
+            ResultKind::PermanentError => 2,
+            ResultKind::Unavailable => 3,
         }
     }
 
@@ -167,14 +167,14 @@ impl OutcomeKind {
     /// # Example
     ///
     /// ```
-    /// # use idemkit_core::OutcomeKind;
-    /// assert_eq!(OutcomeKind::from_byte(9), None);
+    /// # use idemkit_core::ResultKind;
+    /// assert_eq!(ResultKind::from_byte(9), None);
     /// ```
     pub const fn from_byte(b: u8) -> Option<Self> {
         match b {
-            1 => Some(OutcomeKind::Value),
-            2 => Some(OutcomeKind::PermanentError),
-            3 => Some(OutcomeKind::Unavailable),
+            1 => Some(ResultKind::Value),
+            2 => Some(ResultKind::PermanentError),
+            3 => Some(ResultKind::Unavailable),
             _ => None,
         }
     }
@@ -185,29 +185,29 @@ impl OutcomeKind {
 /// # Example
 ///
 /// ```
-/// use idemkit_core::{OutcomeKind, StoredOutcome};
+/// use idemkit_core::{ResultKind, StoredResult};
 ///
-/// let o = StoredOutcome::new(OutcomeKind::Value, "\"em_1\"");
+/// let o = StoredResult::new(ResultKind::Value, "\"em_1\"");
 /// assert_eq!(&o.bytes()[..], b"\"em_1\"");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoredOutcome {
-    kind: OutcomeKind,
+pub struct StoredResult {
+    kind: ResultKind,
     bytes: Bytes,
 }
 
-impl StoredOutcome {
+impl StoredResult {
     /// Builds an outcome.
     ///
     /// # Example
     ///
     /// ```
-    /// # use idemkit_core::{OutcomeKind, StoredOutcome};
-    /// let o = StoredOutcome::new(OutcomeKind::Unavailable, "too large");
-    /// assert_eq!(o.kind(), OutcomeKind::Unavailable);
+    /// # use idemkit_core::{ResultKind, StoredResult};
+    /// let o = StoredResult::new(ResultKind::Unavailable, "too large");
+    /// assert_eq!(o.kind(), ResultKind::Unavailable);
     /// ```
-    pub fn new(kind: OutcomeKind, bytes: impl Into<Bytes>) -> Self {
-        StoredOutcome {
+    pub fn new(kind: ResultKind, bytes: impl Into<Bytes>) -> Self {
+        StoredResult {
             kind,
             bytes: bytes.into(),
         }
@@ -218,10 +218,10 @@ impl StoredOutcome {
     /// # Example
     ///
     /// ```
-    /// # use idemkit_core::{OutcomeKind, StoredOutcome};
-    /// assert_eq!(StoredOutcome::new(OutcomeKind::Value, "1").kind(), OutcomeKind::Value);
+    /// # use idemkit_core::{ResultKind, StoredResult};
+    /// assert_eq!(StoredResult::new(ResultKind::Value, "1").kind(), ResultKind::Value);
     /// ```
-    pub fn kind(&self) -> OutcomeKind {
+    pub fn kind(&self) -> ResultKind {
         self.kind
     }
 
@@ -230,8 +230,8 @@ impl StoredOutcome {
     /// # Example
     ///
     /// ```
-    /// # use idemkit_core::{OutcomeKind, StoredOutcome};
-    /// assert_eq!(StoredOutcome::new(OutcomeKind::Value, "1").bytes().len(), 1);
+    /// # use idemkit_core::{ResultKind, StoredResult};
+    /// assert_eq!(StoredResult::new(ResultKind::Value, "1").bytes().len(), 1);
     /// ```
     pub fn bytes(&self) -> &Bytes {
         &self.bytes
@@ -252,8 +252,8 @@ impl StoredOutcome {
 pub enum RecordState {
     /// Reserved by an owner whose action is running; `expires_at_ms` is the lease's end.
     Reserved,
-    /// Completed; `expires_at_ms` is the end of the retention TTL.
-    Completed(StoredOutcome),
+    /// Replay; `expires_at_ms` is the end of the retention TTL.
+    Completed(StoredResult),
 }
 
 /// One record as a store keeps it.
@@ -399,8 +399,8 @@ impl Record {
     /// # Example
     ///
     /// ```
-    /// # use idemkit_core::{FencingToken, OutcomeKind, OwnerToken, Record, RecordState, StoredOutcome};
-    /// let r = Record { state: RecordState::Completed(StoredOutcome::new(OutcomeKind::Value, "1")),
+    /// # use idemkit_core::{FencingToken, ResultKind, OwnerToken, Record, RecordState, StoredResult};
+    /// let r = Record { state: RecordState::Completed(StoredResult::new(ResultKind::Value, "1")),
     ///     owner: OwnerToken::from_u128(1), fencing: FencingToken::new(1), fingerprint: None,
     ///     created_at_ms: 0, expires_at_ms: 0 };
     /// assert_eq!(Record::decode_shared(r.encode().into())?, r);
@@ -444,12 +444,12 @@ impl Record {
             STATE_RESERVED => RecordState::Reserved,
             STATE_COMPLETED => {
                 let (&kind, r) = rest.split_first().ok_or(RecordError::LengthMismatch)?;
-                let kind = OutcomeKind::from_byte(kind).ok_or(RecordError::InvalidField("kind"))?;
+                let kind = ResultKind::from_byte(kind).ok_or(RecordError::InvalidField("kind"))?;
                 let (len, r) = r.split_at_checked(4).ok_or(RecordError::LengthMismatch)?;
                 let len = u32::from_be_bytes(len.try_into().expect("4 bytes")) as usize;
                 let (bytes, r) = r.split_at_checked(len).ok_or(RecordError::LengthMismatch)?;
                 rest = r;
-                RecordState::Completed(StoredOutcome::new(kind, share(bytes)))
+                RecordState::Completed(StoredResult::new(kind, share(bytes)))
             }
             _ => return Err(RecordError::InvalidField("state")),
         };
@@ -485,11 +485,11 @@ mod tests {
             .prop_map(|(bytes, owner, fencing, fp, c, e, k)| Record {
                 state: match bytes {
                     None => RecordState::Reserved,
-                    Some(b) => RecordState::Completed(StoredOutcome::new(
+                    Some(b) => RecordState::Completed(StoredResult::new(
                         [
-                            OutcomeKind::Value,
-                            OutcomeKind::PermanentError,
-                            OutcomeKind::Unavailable,
+                            ResultKind::Value,
+                            ResultKind::PermanentError,
+                            ResultKind::Unavailable,
                         ][k as usize],
                         b,
                     )),

@@ -12,8 +12,8 @@
 //!
 //! Stores make each transition atomic and hold no policy: they never decide whether to wait,
 //! reject, run unprotected or store an error. That is the [`Coordinator`](crate::Coordinator)'s
-//! job. Every write after `begin` carries the owner's [`Lease`] and succeeds only while that
-//! owner still holds the key, so a stale owner can never extend, overwrite or delete its
+//! job. Every write after `begin` carries the owner's [`Ownership`] (its owner token and
+//! fencing token) and succeeds only while that owner still holds the key, so a stale owner can never extend, overwrite or delete its
 //! successor's reservation or result. Expiry is decided by the store's own clock.
 
 use std::error::Error as StdError;
@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::record::{FencingToken, OutcomeKind, OwnerToken, Record, StoredOutcome};
+use crate::record::{FencingToken, OwnerToken, Record, ResultKind, StoredResult};
 use crate::{Fingerprint, StorageKey};
 
 /// A boxed error from a backend or a codec, kept opaque so that core names no backend type.
@@ -96,36 +96,38 @@ impl<'a> BeginRequest<'a> {
     }
 }
 
-/// A reservation held by one owner.
+/// The proof that a caller holds a reservation: its owner token and the reservation's fencing
+/// token, both checked by every write. (The *lease* is how long the reservation lasts without
+/// renewal: a [`Duration`].)
 ///
 /// # Example
 ///
 /// ```
-/// use idemkit_core::{FencingToken, Lease, OwnerToken};
+/// use idemkit_core::{FencingToken, Ownership, OwnerToken};
 ///
-/// let lease = Lease::new(OwnerToken::from_u128(1), FencingToken::new(7));
-/// assert_eq!(lease.fencing.get(), 7);
+/// let ownership = Ownership::new(OwnerToken::from_u128(1), FencingToken::new(7));
+/// assert_eq!(ownership.fencing.get(), 7);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct Lease {
+pub struct Ownership {
     /// The owner's token.
     pub owner: OwnerToken,
     /// The reservation's fencing token.
     pub fencing: FencingToken,
 }
 
-impl Lease {
-    /// Builds a lease (stores do, when `begin` reserves).
+impl Ownership {
+    /// Builds one (stores do, when `begin` reserves).
     ///
     /// # Example
     ///
     /// ```
-    /// # use idemkit_core::{FencingToken, Lease, OwnerToken};
-    /// let _ = Lease::new(OwnerToken::random(), FencingToken::new(1));
+    /// # use idemkit_core::{FencingToken, Ownership, OwnerToken};
+    /// let _ = Ownership::new(OwnerToken::random(), FencingToken::new(1));
     /// ```
     pub fn new(owner: OwnerToken, fencing: FencingToken) -> Self {
-        Lease { owner, fencing }
+        Ownership { owner, fencing }
     }
 }
 
@@ -134,31 +136,31 @@ impl Lease {
 /// # Example
 ///
 /// ```
-/// use idemkit_core::{Completed, FencingToken, OutcomeKind, StoredOutcome};
+/// use idemkit_core::{Replay, FencingToken, ResultKind, StoredResult};
 ///
-/// let c = Completed::new(FencingToken::new(1), StoredOutcome::new(OutcomeKind::Value, "1"));
-/// assert_eq!(c.outcome.kind(), OutcomeKind::Value);
+/// let c = Replay::new(FencingToken::new(1), StoredResult::new(ResultKind::Value, "1"));
+/// assert_eq!(c.outcome.kind(), ResultKind::Value);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct Completed {
+pub struct Replay {
     /// The fencing token of the reservation that completed.
     pub fencing: FencingToken,
     /// What it stored.
-    pub outcome: StoredOutcome,
+    pub outcome: StoredResult,
 }
 
-impl Completed {
+impl Replay {
     /// Builds one.
     ///
     /// # Example
     ///
     /// ```
-    /// # use idemkit_core::{Completed, FencingToken, OutcomeKind, StoredOutcome};
-    /// let _ = Completed::new(FencingToken::new(1), StoredOutcome::new(OutcomeKind::Value, ""));
+    /// # use idemkit_core::{Replay, FencingToken, ResultKind, StoredResult};
+    /// let _ = Replay::new(FencingToken::new(1), StoredResult::new(ResultKind::Value, ""));
     /// ```
-    pub fn new(fencing: FencingToken, outcome: StoredOutcome) -> Self {
-        Completed { fencing, outcome }
+    pub fn new(fencing: FencingToken, outcome: StoredResult) -> Self {
+        Replay { fencing, outcome }
     }
 }
 
@@ -168,32 +170,32 @@ impl Completed {
 ///
 /// ```
 /// use std::time::Duration;
-/// use idemkit_core::{Begin, BeginRequest, Key, MemoryStore, Operation, OwnerToken, StorageKey, Store};
+/// use idemkit_core::{Claim, BeginRequest, Key, MemoryStore, Operation, OwnerToken, StorageKey, Store};
 ///
 /// # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
 /// let store = MemoryStore::new();
 /// let key = StorageKey::new(&Operation::new("op")?, None, &Key::new("k")?);
 /// let req = BeginRequest::new(&key, OwnerToken::random(), Duration::from_secs(15));
-/// assert!(matches!(store.begin(&req).await?, Begin::Reserved { .. }));
+/// assert!(matches!(store.begin(&req).await?, Claim::Reserved { .. }));
 /// let other = BeginRequest::new(&key, OwnerToken::random(), Duration::from_secs(15));
-/// assert!(matches!(store.begin(&other).await?, Begin::InFlight { .. }));
+/// assert!(matches!(store.begin(&other).await?, Claim::InFlight { .. }));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// # })?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Begin {
+pub enum Claim {
     /// The caller now owns the key.
     Reserved {
-        /// The caller's lease.
-        lease: Lease,
+        /// The caller's proof of ownership (owner token and fencing token).
+        ownership: Ownership,
         /// Whether this took over a reservation whose lease had expired (its owner died or
         /// stalled past its lease).
         took_over: bool,
     },
     /// The key was completed; here is what to replay.
-    Completed(Completed),
+    Replay(Replay),
     /// Another owner holds a live lease.
     InFlight {
         /// Time left on that lease, by the store's clock.
@@ -213,16 +215,16 @@ pub enum Begin {
 ///
 /// ```
 /// use std::time::Duration;
-/// use idemkit_core::{Completion, OutcomeKind};
+/// use idemkit_core::{CompleteRequest, ResultKind};
 ///
-/// let c = Completion::new(OutcomeKind::Value, "\"em_1\"", Duration::from_millis(1500));
+/// let c = CompleteRequest::new(ResultKind::Value, "\"em_1\"", Duration::from_millis(1500));
 /// assert_eq!(c.ttl, Duration::from_millis(1500));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct Completion {
+pub struct CompleteRequest {
     /// What kind of outcome.
-    pub kind: OutcomeKind,
+    pub kind: ResultKind,
     /// The encoded outcome.
     pub bytes: Bytes,
     /// How long to keep the completed record, exactly (stores round up only to their own
@@ -230,19 +232,19 @@ pub struct Completion {
     pub ttl: Duration,
 }
 
-impl Completion {
+impl CompleteRequest {
     /// Builds one.
     ///
     /// # Example
     ///
     /// ```
     /// # use std::time::Duration;
-    /// # use idemkit_core::{Completion, OutcomeKind};
-    /// let c = Completion::new(OutcomeKind::Value, vec![1, 2], Duration::from_secs(1));
+    /// # use idemkit_core::{CompleteRequest, ResultKind};
+    /// let c = CompleteRequest::new(ResultKind::Value, vec![1, 2], Duration::from_secs(1));
     /// assert_eq!(&c.bytes[..], &[1, 2]);
     /// ```
-    pub fn new(kind: OutcomeKind, bytes: impl Into<Bytes>, ttl: Duration) -> Self {
-        Completion {
+    pub fn new(kind: ResultKind, bytes: impl Into<Bytes>, ttl: Duration) -> Self {
+        CompleteRequest {
             kind,
             bytes: bytes.into(),
             ttl,
@@ -430,12 +432,12 @@ impl StdError for StoreError {
 /// # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
 /// let store = MemoryStore::new();
 /// let key = StorageKey::new(&Operation::new("op")?, None, &Key::new("k")?);
-/// let Begin::Reserved { lease, .. } =
+/// let Claim::Reserved { ownership, .. } =
 ///     store.begin(&BeginRequest::new(&key, OwnerToken::random(), Duration::from_secs(15))).await?
 /// else { unreachable!() };
-/// store.complete(&key, &lease, &Completion::new(OutcomeKind::Value, "1", Duration::from_secs(60))).await?;
+/// store.complete(&key, &ownership, &CompleteRequest::new(ResultKind::Value, "1", Duration::from_secs(60))).await?;
 /// let again = BeginRequest::new(&key, OwnerToken::random(), Duration::from_secs(15));
-/// assert!(matches!(store.begin(&again).await?, Begin::Completed(_)));
+/// assert!(matches!(store.begin(&again).await?, Claim::Replay(_)));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// # })?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -467,36 +469,36 @@ pub trait Store: Clone + Send + Sync + 'static {
     fn begin(
         &self,
         req: &BeginRequest<'_>,
-    ) -> impl Future<Output = Result<Begin, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
 
-    /// Extend the lease to `lease` from now, only if `owner` (its owner token *and* fencing
+    /// Extend the lease to `lease` from now, only if `ownership` (owner token *and* fencing
     /// token) still owns a live reservation; otherwise [`StoreErrorKind::LeaseLost`] and
     /// nothing changes.
     fn renew(
         &self,
         key: &StorageKey,
-        owner: &Lease,
+        ownership: &Ownership,
         lease: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Replace the reservation with a completed record kept for `completion.ttl`, only if
-    /// `lease` (owner token and fencing token) still owns a live reservation; otherwise [`StoreErrorKind::LeaseLost`] and
-    /// nothing changes. Completing again with the same lease is a no-op success, so a retried
+    /// Replace the reservation with a completed record kept for `request.ttl`, only if
+    /// `ownership` (owner token and fencing token) still owns a live reservation; otherwise [`StoreErrorKind::LeaseLost`] and
+    /// nothing changes. Completing again with the same ownership is a no-op success, so a retried
     /// completion is harmless. Wakes waiters.
     fn complete(
         &self,
         key: &StorageKey,
-        lease: &Lease,
-        completion: &Completion,
+        ownership: &Ownership,
+        request: &CompleteRequest,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Delete the reservation, only if `lease` (owner token and fencing token) still owns a
+    /// Delete the reservation, only if `ownership` (owner token and fencing token) still owns a
     /// live one; otherwise
     /// [`StoreErrorKind::LeaseLost`] and nothing changes. Wakes waiters.
     fn release(
         &self,
         key: &StorageKey,
-        lease: &Lease,
+        ownership: &Ownership,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Resolve when the reservation with fencing token `seen` is no longer the live state of

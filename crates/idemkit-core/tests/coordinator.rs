@@ -47,7 +47,7 @@ async fn start_owner<S: Store>(
     mailer: &Mailer,
     delay: Duration,
     fingerprint: Option<Fingerprint>,
-) -> tokio::task::JoinHandle<Result<idemkit_core::Outcome<String>, Error<Infallible>>> {
+) -> tokio::task::JoinHandle<Result<idemkit_core::Receipt<String>, Error<Infallible>>> {
     let (c, mailer) = (c.clone(), mailer.clone());
     let owner = tokio::spawn(async move {
         let (op, k) = (op(), key("k"));

@@ -27,7 +27,7 @@ fn spawn_owner<S: idemkit_core::Store>(
     c: &Coordinator<S>,
     mailer: &Mailer,
     delay: Duration,
-) -> tokio::task::JoinHandle<Result<idemkit_core::Outcome<String>, Error<std::convert::Infallible>>>
+) -> tokio::task::JoinHandle<Result<idemkit_core::Receipt<String>, Error<std::convert::Infallible>>>
 {
     let mailer = mailer.clone();
     tokio::spawn(

@@ -43,8 +43,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idemkit_core::{
-    Begin, BeginRequest, Completed, Completion, FencingToken, Lease, RawStore, Record, RecordState,
-    StorageKey, Store, StoreError, StoreErrorKind,
+    BeginRequest, Claim, CompleteRequest, FencingToken, Ownership, RawStore, Record, RecordState,
+    Replay, StorageKey, Store, StoreError, StoreErrorKind,
 };
 use redis::{Cmd, Pipeline, RedisError, Value};
 
@@ -353,7 +353,7 @@ impl Store for RedisStore {
         self.shared.call_timeout
     }
 
-    async fn begin(&self, req: &BeginRequest<'_>) -> Result<Begin, StoreError> {
+    async fn begin(&self, req: &BeginRequest<'_>) -> Result<Claim, StoreError> {
         let rkey = self.redis_key(req.key);
         let fingerprint = req.fingerprint.map(|f| f.to_bytes());
         let (reply, acked) = self
@@ -372,9 +372,9 @@ impl Store for RedisStore {
             )
             .await?;
         match reply {
-            Value::Int(0) => Ok(Begin::Mismatch),
+            Value::Int(0) => Ok(Claim::Mismatch),
             Value::Int(fencing) => {
-                let lease = Lease::new(req.owner, FencingToken::new(fencing as u64));
+                let lease = Ownership::new(req.owner, FencingToken::new(fencing as u64));
                 if let Err(e) = acked {
                     // Not durable: give the key back, so that nobody waits for a
                     // reservation whose caller is told nothing ran (best effort: if this
@@ -385,8 +385,8 @@ impl Store for RedisStore {
                     }
                     return Err(e);
                 }
-                Ok(Begin::Reserved {
-                    lease,
+                Ok(Claim::Reserved {
+                    ownership: lease,
                     // Redis cannot tell an expired reservation from an absent key: PX
                     // removed it. Takeovers are not reported (see DESIGN.md).
                     took_over: false,
@@ -398,7 +398,7 @@ impl Store for RedisStore {
                 let record = Record::decode_shared(bytes.into()).map_err(StoreError::corrupt)?;
                 match record.state {
                     RecordState::Completed(outcome) => {
-                        Ok(Begin::Completed(Completed::new(record.fencing, outcome)))
+                        Ok(Claim::Replay(Replay::new(record.fencing, outcome)))
                     }
                     _ => Err(StoreError::corrupt("a reservation returned as a result")),
                 }
@@ -421,7 +421,7 @@ impl Store for RedisStore {
                 }
                 // The fencing token is Redis' clock in µs when the reservation was made.
                 let held_us = (now_us as u64).saturating_sub(record.fencing.get());
-                Ok(Begin::InFlight {
+                Ok(Claim::InFlight {
                     retry_after: Duration::from_millis(pttl as u64),
                     fencing: record.fencing,
                     held_for: Some(Duration::from_micros(held_us)),
@@ -434,7 +434,7 @@ impl Store for RedisStore {
     async fn renew(
         &self,
         key: &StorageKey,
-        lease: &Lease,
+        lease: &Ownership,
         duration: Duration,
     ) -> Result<(), StoreError> {
         let rkey = self.redis_key(key);
@@ -449,8 +449,8 @@ impl Store for RedisStore {
     async fn complete(
         &self,
         key: &StorageKey,
-        lease: &Lease,
-        completion: &Completion,
+        lease: &Ownership,
+        completion: &CompleteRequest,
     ) -> Result<(), StoreError> {
         if u32::try_from(completion.bytes.len()).is_err() {
             // The record's length field is 32 bits (and Redis refuses values over 512 MB).
@@ -476,7 +476,7 @@ impl Store for RedisStore {
         acked
     }
 
-    async fn release(&self, key: &StorageKey, lease: &Lease) -> Result<(), StoreError> {
+    async fn release(&self, key: &StorageKey, lease: &Ownership) -> Result<(), StoreError> {
         let rkey = self.redis_key(key);
         let done: i64 = self
             .eval(self.release_script(), &rkey, |cmd| {

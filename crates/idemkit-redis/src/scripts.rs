@@ -2,7 +2,7 @@
 
 use std::sync::LazyLock;
 
-use idemkit_core::{Completion, Lease};
+use idemkit_core::{CompleteRequest, Ownership};
 use redis::{RedisWrite, Script, ToRedisArgs};
 
 /// One of our Lua scripts: its SHA for `EVALSHA`, and its source for `SCRIPT LOAD` when the
@@ -64,7 +64,7 @@ impl ToRedisArgs for OwnerWithFlags {
 
 /// The owner-checked scripts' first argument: owner token and fencing token, exactly the
 /// record's bytes 7-30, so one comparison checks both.
-pub(crate) struct LeaseArg<'a>(pub(crate) &'a Lease);
+pub(crate) struct LeaseArg<'a>(pub(crate) &'a Ownership);
 
 impl ToRedisArgs for LeaseArg<'_> {
     fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
@@ -77,12 +77,12 @@ impl ToRedisArgs for LeaseArg<'_> {
 
 /// `complete.lua`'s outcome argument: the completed record's tail (kind, length, bytes),
 /// written straight into the command without an intermediate buffer.
-pub(crate) struct RecordTail<'a>(pub(crate) &'a Completion);
+pub(crate) struct RecordTail<'a>(pub(crate) &'a CompleteRequest);
 
 impl ToRedisArgs for RecordTail<'_> {
     fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
         use std::io::Write as _;
-        let Completion { kind, bytes, .. } = self.0;
+        let CompleteRequest { kind, bytes, .. } = self.0;
         // The record format's length field is 32 bits; `complete` refuses larger results
         // before building the command.
         let len = u32::try_from(bytes.len()).unwrap_or(u32::MAX);

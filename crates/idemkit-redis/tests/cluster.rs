@@ -8,7 +8,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idemkit_core::{Begin, BeginRequest, Key, Operation, OwnerToken, StorageKey, Store};
+use idemkit_core::{BeginRequest, Claim, Key, Operation, OwnerToken, StorageKey, Store};
 use idemkit_redis::RedisStore;
 use idemkit_test::Harness;
 use support::RedisProcess;
@@ -121,7 +121,7 @@ async fn the_conformance_suite_passes_on_a_three_master_cluster() {
         let req = BeginRequest::new(&k, OwnerToken::random(), Duration::from_secs(30));
         assert!(matches!(
             store.begin(&req).await.unwrap(),
-            Begin::Reserved { .. }
+            Claim::Reserved { .. }
         ));
     }
     for n in &cluster.nodes {

@@ -6,7 +6,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use idemkit_core::{
-    Begin, BeginRequest, Coordinator, Key, Operation, OwnerToken, StorageKey, Store, StoreErrorKind,
+    BeginRequest, Claim, Coordinator, Key, Operation, OwnerToken, StorageKey, Store, StoreErrorKind,
 };
 use idemkit_redis::{EvictionCheck, RedisStore};
 use support::RedisProcess;
@@ -25,10 +25,12 @@ fn storage_key(k: &str) -> StorageKey {
     StorageKey::new(&Operation::new("op").unwrap(), None, &Key::new(k).unwrap())
 }
 
-async fn reserve(store: &RedisStore, key: &StorageKey) -> idemkit_core::Lease {
+async fn reserve(store: &RedisStore, key: &StorageKey) -> idemkit_core::Ownership {
     let req = BeginRequest::new(key, OwnerToken::random(), Duration::from_secs(60));
     match store.begin(&req).await.unwrap() {
-        Begin::Reserved { lease, .. } => lease,
+        Claim::Reserved {
+            ownership: lease, ..
+        } => lease,
         other => panic!("{other:?}"),
     }
 }
@@ -80,8 +82,8 @@ async fn a_cancelled_waiter_leaves_no_subscription_and_push_still_works() {
         .complete(
             &key,
             &lease,
-            &idemkit_core::Completion::new(
-                idemkit_core::OutcomeKind::Value,
+            &idemkit_core::CompleteRequest::new(
+                idemkit_core::ResultKind::Value,
                 "1",
                 Duration::from_secs(60),
             ),

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idemkit_core::{
-    Begin, BeginRequest, Coordinator, Error, ErrorKind, Fingerprint, InFlight, Key, Operation,
+    BeginRequest, Claim, Coordinator, Error, ErrorKind, Fingerprint, InFlight, Key, Operation,
     OwnerToken, Policy, RawStore, Source, StorageKey, Store,
 };
 use tokio::sync::Notify;
@@ -31,7 +31,7 @@ fn policy(lease_ms: u64) -> Policy {
     Policy::default().lease(Duration::from_millis(lease_ms))
 }
 
-type Call = tokio::task::JoinHandle<Result<idemkit_core::Outcome<String>, Error<Infallible>>>;
+type Call = tokio::task::JoinHandle<Result<idemkit_core::Receipt<String>, Error<Infallible>>>;
 
 /// `n` concurrent calls on `key` whose mail takes 200 ms.
 fn spawn_callers<S: Store>(c: &Coordinator<S>, key: &Key, mailer: &Mailer, n: usize) -> Vec<Call> {
@@ -115,7 +115,7 @@ pub async fn a_dead_owner_is_taken_over_after_its_lease<H: Harness>(h: &H) {
     let dead = BeginRequest::new(&sk, OwnerToken::random(), Duration::from_millis(400));
     assert!(matches!(
         store.begin(&dead).await.expect("begin"),
-        Begin::Reserved { .. }
+        Claim::Reserved { .. }
     ));
     let c = Coordinator::new(store);
     let mailer = Mailer::default();

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idemkit_core::{
-    Begin, BeginRequest, Completion, FencingToken, Lease, RawStore, Record, StorageKey, Store,
-    StoreError,
+    BeginRequest, Claim, CompleteRequest, FencingToken, Ownership, RawStore, Record, StorageKey,
+    Store, StoreError,
 };
 use tokio::sync::Notify;
 
@@ -241,7 +241,7 @@ impl<S: Store> Store for Probe<S> {
     // `call_timeout` stays `None`: the probe can hang a call (`hang_next`) whatever the
     // inner store promises, so the coordinator must time every call.
 
-    async fn begin(&self, req: &BeginRequest<'_>) -> Result<Begin, StoreError> {
+    async fn begin(&self, req: &BeginRequest<'_>) -> Result<Claim, StoreError> {
         self.enter(0, Some(Fault::Begin)).await?;
         self.inner.begin(req).await
     }
@@ -249,7 +249,7 @@ impl<S: Store> Store for Probe<S> {
     async fn renew(
         &self,
         key: &StorageKey,
-        lease: &Lease,
+        lease: &Ownership,
         ttl: Duration,
     ) -> Result<(), StoreError> {
         self.enter(1, Some(Fault::Renew)).await?;
@@ -259,8 +259,8 @@ impl<S: Store> Store for Probe<S> {
     async fn complete(
         &self,
         key: &StorageKey,
-        lease: &Lease,
-        completion: &Completion,
+        lease: &Ownership,
+        completion: &CompleteRequest,
     ) -> Result<(), StoreError> {
         self.enter(2, Some(Fault::Complete)).await?;
         loop {
@@ -273,7 +273,7 @@ impl<S: Store> Store for Probe<S> {
         self.inner.complete(key, lease, completion).await
     }
 
-    async fn release(&self, key: &StorageKey, lease: &Lease) -> Result<(), StoreError> {
+    async fn release(&self, key: &StorageKey, lease: &Ownership) -> Result<(), StoreError> {
         self.enter(3, Some(Fault::Release)).await?;
         self.inner.release(key, lease).await
     }

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idemkit_core::{
-    Begin, BeginRequest, Completion, FencingToken, Fingerprint, Lease, OutcomeKind, OwnerToken,
-    RawStore, Record, RecordState, StorageKey, Store, StoreErrorKind,
+    BeginRequest, Claim, CompleteRequest, FencingToken, Fingerprint, OwnerToken, Ownership,
+    RawStore, Record, RecordState, ResultKind, StorageKey, Store, StoreErrorKind,
 };
 use tokio::time::Instant;
 
@@ -19,19 +19,17 @@ fn req(key: &StorageKey) -> BeginRequest<'_> {
     BeginRequest::new(key, OwnerToken::random(), LEASE)
 }
 
-async fn reserve<S: Store>(store: &S, key: &StorageKey) -> Lease {
+async fn reserve<S: Store>(store: &S, key: &StorageKey) -> Ownership {
     match store.begin(&req(key)).await.expect("begin") {
-        Begin::Reserved { lease, .. } => lease,
+        Claim::Reserved {
+            ownership: lease, ..
+        } => lease,
         other => panic!("expected a reservation, got {other:?}"),
     }
 }
 
-fn value(bytes: &'static str) -> Completion {
-    Completion::new(
-        OutcomeKind::Value,
-        Bytes::from_static(bytes.as_bytes()),
-        TTL,
-    )
+fn value(bytes: &'static str) -> CompleteRequest {
+    CompleteRequest::new(ResultKind::Value, Bytes::from_static(bytes.as_bytes()), TTL)
 }
 
 fn assert_lease_lost<T: std::fmt::Debug>(r: Result<T, idemkit_core::StoreError>, what: &str) {
@@ -55,8 +53,8 @@ pub async fn reserve_once_under_contention<H: Harness>(h: &H) {
     let mut in_flight = 0;
     for t in tasks {
         match t.await.expect("task") {
-            Begin::Reserved { .. } => reserved += 1,
-            Begin::InFlight { retry_after, .. } => {
+            Claim::Reserved { .. } => reserved += 1,
+            Claim::InFlight { retry_after, .. } => {
                 assert!(
                     retry_after <= LEASE,
                     "retry_after {retry_after:?} beyond the lease"
@@ -80,22 +78,22 @@ pub async fn replay_returns_the_completed_outcome<H: Harness>(h: &H) {
         .expect("complete");
     for _ in 0..2 {
         match store.begin(&req(&key)).await.expect("begin") {
-            Begin::Completed(c) => {
+            Claim::Replay(c) => {
                 assert_eq!(c.fencing, lease.fencing);
-                assert_eq!(c.outcome.kind(), OutcomeKind::Value);
+                assert_eq!(c.outcome.kind(), ResultKind::Value);
                 assert_eq!(&c.outcome.bytes()[..], b"\"em_1\"");
             }
             other => panic!("expected a replay, got {other:?}"),
         }
     }
     // The other outcome kinds round-trip too.
-    for kind in [OutcomeKind::PermanentError, OutcomeKind::Unavailable] {
+    for kind in [ResultKind::PermanentError, ResultKind::Unavailable] {
         let key = unique_key("replay-kind");
         let lease = reserve(&store, &key).await;
-        let c = Completion::new(kind, Bytes::from_static(b"why"), TTL);
+        let c = CompleteRequest::new(kind, Bytes::from_static(b"why"), TTL);
         store.complete(&key, &lease, &c).await.expect("complete");
         match store.begin(&req(&key)).await.expect("begin") {
-            Begin::Completed(c) => assert_eq!(c.outcome.kind(), kind),
+            Claim::Replay(c) => assert_eq!(c.outcome.kind(), kind),
             other => panic!("expected a replay, got {other:?}"),
         }
     }
@@ -109,26 +107,29 @@ pub async fn fingerprint_mismatch_is_reported<H: Harness>(h: &H) {
     let a = Some(Fingerprint::of(b"amount=100"));
     let b = Some(Fingerprint::of(b"amount=200"));
     let with = |fp| req(&key).with_fingerprint(fp);
-    let Begin::Reserved { lease, .. } = store.begin(&with(a)).await.expect("begin") else {
+    let Claim::Reserved {
+        ownership: lease, ..
+    } = store.begin(&with(a)).await.expect("begin")
+    else {
         panic!("not reserved")
     };
-    assert_eq!(store.begin(&with(b)).await.expect("begin"), Begin::Mismatch);
+    assert_eq!(store.begin(&with(b)).await.expect("begin"), Claim::Mismatch);
     assert!(matches!(
         store.begin(&with(a)).await.expect("begin"),
-        Begin::InFlight { .. }
+        Claim::InFlight { .. }
     ));
     store
         .complete(&key, &lease, &value("1"))
         .await
         .expect("complete");
-    assert_eq!(store.begin(&with(b)).await.expect("begin"), Begin::Mismatch);
+    assert_eq!(store.begin(&with(b)).await.expect("begin"), Claim::Mismatch);
     assert_eq!(
         store.begin(&with(None)).await.expect("begin"),
-        Begin::Mismatch
+        Claim::Mismatch
     );
     assert!(matches!(
         store.begin(&with(a)).await.expect("begin"),
-        Begin::Completed(_)
+        Claim::Replay(_)
     ));
 }
 
@@ -140,7 +141,9 @@ pub async fn lease_expiry_allows_takeover<H: Harness>(h: &H) {
     h.advance(LEASE + Duration::from_millis(100)).await;
     match store.begin(&req(&key)).await.expect("begin") {
         // `took_over` is informational: a store that forgets expired keys (Redis) reports false.
-        Begin::Reserved { lease, .. } => {
+        Claim::Reserved {
+            ownership: lease, ..
+        } => {
             assert!(lease.fencing > first.fencing);
             assert_ne!(lease.owner, first.owner);
         }
@@ -185,7 +188,7 @@ pub async fn stale_owner_cannot_renew_complete_or_release<H: Harness>(h: &H) {
     );
     assert_lease_lost(store.release(&key, &stale).await, "stale delete");
     match store.begin(&req(&key)).await.expect("begin") {
-        Begin::Completed(c) => {
+        Claim::Replay(c) => {
             assert_eq!(&c.outcome.bytes()[..], b"\"fresh\"");
             assert_eq!(c.fencing, fresh.fencing);
         }
@@ -201,7 +204,10 @@ pub async fn release_frees_the_key<H: Harness>(h: &H) {
     store.release(&key, &first).await.expect("release");
     assert_eq!(store.get(&key).await.expect("get"), None);
     match store.begin(&req(&key)).await.expect("begin") {
-        Begin::Reserved { lease, took_over } => {
+        Claim::Reserved {
+            ownership: lease,
+            took_over,
+        } => {
             assert!(!took_over);
             assert!(lease.fencing > first.fencing);
         }
@@ -221,7 +227,7 @@ pub async fn renew_extends_the_lease<H: Harness>(h: &H) {
     h.advance(Duration::from_millis(600)).await;
     // 1.2 s after reserving with a 1 s lease: alive only because of the renewal.
     match store.begin(&req(&key)).await.expect("begin") {
-        Begin::InFlight {
+        Claim::InFlight {
             fencing,
             retry_after,
             ..
@@ -237,7 +243,7 @@ pub async fn renew_extends_the_lease<H: Harness>(h: &H) {
     h.advance(Duration::from_millis(600)).await;
     assert!(matches!(
         store.begin(&req(&key)).await.expect("begin"),
-        Begin::Reserved { .. }
+        Claim::Reserved { .. }
     ));
 }
 
@@ -333,7 +339,7 @@ pub async fn wait_ends_at_lease_expiry<H: Harness>(h: &H) {
     );
     assert!(matches!(
         store.begin(&req(&key)).await.expect("begin"),
-        Begin::Reserved { .. }
+        Claim::Reserved { .. }
     ));
 }
 
@@ -390,7 +396,7 @@ where
         assert!(store.purge(&key).await.expect("purge"));
         assert!(matches!(
             store.begin(&req(&key)).await.expect("begin"),
-            Begin::Reserved { .. }
+            Claim::Reserved { .. }
         ));
     }
 }
@@ -407,8 +413,8 @@ pub async fn completed_ttl_is_exact<H: Harness>(h: &H) {
     let store = h.store().await;
     let key = unique_key("ttl");
     let lease = reserve(&store, &key).await;
-    let c = Completion::new(
-        OutcomeKind::Value,
+    let c = CompleteRequest::new(
+        ResultKind::Value,
         Bytes::from_static(b"1"),
         Duration::from_millis(1_500),
     );
@@ -418,7 +424,7 @@ pub async fn completed_ttl_is_exact<H: Harness>(h: &H) {
     assert!(
         matches!(
             store.begin(&req(&key)).await.expect("begin"),
-            Begin::Completed(_)
+            Claim::Replay(_)
         ),
         "expired before its 1.5 s TTL"
     );
@@ -426,7 +432,7 @@ pub async fn completed_ttl_is_exact<H: Harness>(h: &H) {
     assert!(
         matches!(
             store.begin(&req(&key)).await.expect("begin"),
-            Begin::Reserved { .. }
+            Claim::Reserved { .. }
         ),
         "alive after its 1.5 s TTL (expires_at_ms {})",
         rec.expires_at_ms
@@ -447,7 +453,7 @@ pub async fn completion_is_idempotent_for_its_owner<H: Harness>(h: &H) {
         .await
         .expect("complete again");
     match store.begin(&req(&key)).await.expect("begin") {
-        Begin::Completed(c) => assert_eq!(&c.outcome.bytes()[..], b"\"a\""),
+        Claim::Replay(c) => assert_eq!(&c.outcome.bytes()[..], b"\"a\""),
         other => panic!("expected a replay, got {other:?}"),
     }
     // A completed key cannot be renewed or released by its owner either.
@@ -466,8 +472,8 @@ pub async fn fencing_tokens_strictly_increase<H: Harness>(h: &H) {
     h.advance(LEASE + Duration::from_millis(100)).await;
     let l = reserve(&store, &key).await;
     tokens.push(l.fencing);
-    let c = Completion::new(
-        OutcomeKind::Value,
+    let c = CompleteRequest::new(
+        ResultKind::Value,
         Bytes::from_static(b"1"),
         Duration::from_millis(200),
     );
@@ -480,11 +486,15 @@ pub async fn fencing_tokens_strictly_increase<H: Harness>(h: &H) {
     );
 }
 
-async fn reserve_after_release<S: Store>(store: &S, key: &StorageKey, seen: FencingToken) -> Lease {
+async fn reserve_after_release<S: Store>(
+    store: &S,
+    key: &StorageKey,
+    seen: FencingToken,
+) -> Ownership {
     let rec = store.get(key).await.expect("get").expect("reserved");
     assert_eq!(rec.fencing, seen);
     store
-        .release(key, &Lease::new(rec.owner, rec.fencing))
+        .release(key, &Ownership::new(rec.owner, rec.fencing))
         .await
         .expect("release");
     reserve(store, key).await
@@ -497,7 +507,10 @@ pub async fn get_reports_the_record<H: Harness>(h: &H) {
     assert_eq!(store.get(&key).await.expect("get"), None);
     let fp = Fingerprint::of(b"req");
     let r = req(&key).with_fingerprint(Some(fp));
-    let Begin::Reserved { lease, .. } = store.begin(&r).await.expect("begin") else {
+    let Claim::Reserved {
+        ownership: lease, ..
+    } = store.begin(&r).await.expect("begin")
+    else {
         panic!("not reserved")
     };
     let rec = store.get(&key).await.expect("get").expect("record");
@@ -547,17 +560,21 @@ pub async fn begin_is_idempotent_for_its_own_owner<H: Harness>(h: &H) {
     let key = unique_key("begin-twice");
     let first = req(&key);
     let lease = match store.begin(&first).await.expect("begin") {
-        Begin::Reserved { lease, .. } => lease,
+        Claim::Reserved {
+            ownership: lease, ..
+        } => lease,
         other => panic!("expected a reservation, got {other:?}"),
     };
     match store.begin(&first).await.expect("begin again") {
-        Begin::Reserved { lease: again, .. } => assert_eq!(again, lease),
+        Claim::Reserved {
+            ownership: again, ..
+        } => assert_eq!(again, lease),
         other => panic!("the owner's own retried begin got {other:?}"),
     }
     // Anybody else still sees it in flight.
     assert!(matches!(
         store.begin(&req(&key)).await.expect("begin"),
-        Begin::InFlight { .. }
+        Claim::InFlight { .. }
     ));
     store
         .complete(&key, &lease, &value("1"))
@@ -574,12 +591,16 @@ pub async fn a_reused_owner_token_cannot_act_on_a_later_reservation<H: Harness>(
     let owner = OwnerToken::random();
     let begin = |key| BeginRequest::new(key, owner, LEASE);
     let stale = match store.begin(&begin(&key)).await.expect("begin") {
-        Begin::Reserved { lease, .. } => lease,
+        Claim::Reserved {
+            ownership: lease, ..
+        } => lease,
         other => panic!("{other:?}"),
     };
     h.advance(LEASE + Duration::from_millis(100)).await;
     let fresh = match store.begin(&begin(&key)).await.expect("begin") {
-        Begin::Reserved { lease, .. } => lease,
+        Claim::Reserved {
+            ownership: lease, ..
+        } => lease,
         other => panic!("{other:?}"),
     };
     assert_eq!(fresh.owner, stale.owner);
@@ -596,7 +617,7 @@ pub async fn a_reused_owner_token_cannot_act_on_a_later_reservation<H: Harness>(
         .await
         .expect("fresh complete");
     match store.begin(&req(&key)).await.expect("begin") {
-        Begin::Completed(c) => assert_eq!(c.fencing, fresh.fencing),
+        Claim::Replay(c) => assert_eq!(c.fencing, fresh.fencing),
         other => panic!("{other:?}"),
     }
 }
@@ -611,15 +632,17 @@ pub async fn the_longest_durations_are_kept<H: Harness>(h: &H) {
         .await
         .expect("begin")
     {
-        Begin::Reserved { lease, .. } => lease,
+        Claim::Reserved {
+            ownership: lease, ..
+        } => lease,
         other => panic!("{other:?}"),
     };
     store.renew(&key, &lease, max).await.expect("renew");
-    let c = Completion::new(OutcomeKind::Value, "1", max);
+    let c = CompleteRequest::new(ResultKind::Value, "1", max);
     store.complete(&key, &lease, &c).await.expect("complete");
     assert!(matches!(
         store.begin(&req(&key)).await.expect("begin"),
-        Begin::Completed(_)
+        Claim::Replay(_)
     ));
     assert!(store.get(&key).await.expect("get").is_some());
 }
@@ -709,6 +732,6 @@ pub async fn complete_after_expiry_before_takeover_is_refused<H: Harness>(h: &H)
     );
     assert!(matches!(
         store.begin(&req(&key)).await.expect("begin"),
-        Begin::Reserved { .. }
+        Claim::Reserved { .. }
     ));
 }

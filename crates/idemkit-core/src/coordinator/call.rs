@@ -55,7 +55,7 @@ pub enum Source {
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct Outcome<T> {
+pub struct Receipt<T> {
     /// The value.
     pub value: T,
     /// Fresh, replayed or unprotected.
@@ -64,19 +64,19 @@ pub struct Outcome<T> {
     pub fencing: Option<FencingToken>,
 }
 
-impl<T> Outcome<T> {
+impl<T> Receipt<T> {
     /// Builds one: for tests of code that consumes outcomes, and for stand-ins of the
     /// coordinator.
     ///
     /// # Example
     ///
     /// ```
-    /// use idemkit_core::{Outcome, Source};
-    /// let o = Outcome::new("em_1", Source::Replayed, None);
+    /// use idemkit_core::{Receipt, Source};
+    /// let o = Receipt::new("em_1", Source::Replayed, None);
     /// assert!(o.is_replay());
     /// ```
     pub fn new(value: T, source: Source, fencing: Option<FencingToken>) -> Self {
-        Outcome {
+        Receipt {
             value,
             source,
             fencing,
@@ -87,7 +87,7 @@ impl<T> Outcome<T> {
     ///
     /// # Example
     ///
-    /// See [`Outcome`].
+    /// See [`Receipt`].
     pub fn is_replay(&self) -> bool {
         self.source == Source::Replayed
     }
@@ -96,7 +96,7 @@ impl<T> Outcome<T> {
     ///
     /// # Example
     ///
-    /// See [`Outcome`].
+    /// See [`Receipt`].
     pub fn into_value(self) -> T {
         self.value
     }
@@ -414,7 +414,7 @@ impl<'a, S: Store, C> Call<'a, S, C> {
     /// # Example
     ///
     /// See [`Call`].
-    pub async fn run<T, E, F, Fut>(self, action: F) -> Result<Outcome<T>, Error<E>>
+    pub async fn run<T, E, F, Fut>(self, action: F) -> Result<Receipt<T>, Error<E>>
     where
         C: Codec<T>,
         F: FnOnce(Attempt) -> Fut,
@@ -454,7 +454,7 @@ impl<'a, S: Store, C> Call<'a, S, C> {
         self,
         is_permanent: P,
         action: F,
-    ) -> Result<Outcome<T>, Error<E>>
+    ) -> Result<Receipt<T>, Error<E>>
     where
         C: Codec<T> + Codec<E>,
         P: Fn(&E) -> bool,

@@ -4,13 +4,15 @@
 //! ```text
 //!            ┌───────────── begin ─────────────┐
 //!            ▼                                 │
-//!   Reserved ──▶ run the action while the      │   Completed ──▶ replay (row 3)
-//!   (rows 1,4)   keeper renews (rows 6-8) ──▶  │   Mismatch  ──▶ KeyReused (row 12)
-//!                Ok  ──▶ complete, retried     │   InFlight  ──▶ Reject: InFlight (row 10)
-//!                        while the lease lasts │                 Run: unprotected (row 13)
-//!                Err ──▶ release, or store a   │                 Wait: store.wait, then
-//!                        permanent error       │                 begin again ──────────┘
-//!   store error ──▶ fail closed, or run unprotected (fail-open; rows 14-16)
+//!   Reserved ──▶ run the action while the      │   Replay    ──▶ replay (row 2)
+//!   (rows 1, 4,  keeper renews (rows 5-9, 20,  │   Mismatch  ──▶ KeyReused (row 16)
+//!    24)         25) ──▶                       │   InFlight  ──▶ Reject: InFlight
+//!                Ok  ──▶ complete, retried     │                 Run: unprotected
+//!                        while the lease lasts │                 Wait: store.wait, then
+//!                        (rows 10, 21, 26)     │                 begin again (rows 11-14)
+//!                Err ──▶ release (row 22), or store a permanent error (row 29)
+//!   store error ──▶ fail closed, or run unprotected (fail-open; row 19)
+//!   dropped ──▶ the guard releases or completes (rows 17, 18, 27)
 //! ```
 
 use std::future::Future;
@@ -18,7 +20,7 @@ use std::future::Future;
 use bytes::Bytes;
 use tracing::Instrument as _;
 
-use super::call::{Attempt, Call, Outcome, Source};
+use super::call::{Attempt, Call, Receipt, Source};
 use super::errors::ErrorPolicy;
 use super::lease::{Guard, Keeper, LeaseState, Pending, after, bounded};
 use crate::StorageKey;
@@ -26,8 +28,8 @@ use crate::clock::now;
 use crate::codec::Codec;
 use crate::error::{Error, Phase};
 use crate::policy::{InFlight, MIN_LEASE, OnStoreError, Policy};
-use crate::record::{OutcomeKind, OwnerToken};
-use crate::store::{Begin, BeginRequest, Completed, Completion, Lease, Store, StoreError};
+use crate::record::{OwnerToken, ResultKind};
+use crate::store::{BeginRequest, Claim, CompleteRequest, Ownership, Replay, Store, StoreError};
 
 /// A call's policy once checked against its store: every duration positive and within
 /// what the store can keep.
@@ -62,7 +64,7 @@ impl<S: Store, C> Call<'_, S, C> {
         self,
         action: F,
         errors: P,
-    ) -> Result<Outcome<T>, Error<E>>
+    ) -> Result<Receipt<T>, Error<E>>
     where
         C: Codec<T>,
         P: ErrorPolicy<C, E>,
@@ -94,7 +96,7 @@ impl<S: Store, C> Call<'_, S, C> {
         effective: &Effective,
         action: F,
         errors: &P,
-    ) -> Result<Outcome<T>, Error<E>>
+    ) -> Result<Receipt<T>, Error<E>>
     where
         C: Codec<T>,
         P: ErrorPolicy<C, E>,
@@ -119,8 +121,12 @@ impl<S: Store, C> Call<'_, S, C> {
             .await;
             op.metrics().timing(Phase::Begin, started);
             match begin {
-                // Rows 1 and 4: ours, fresh or taken over from an expired owner.
-                Ok(Begin::Reserved { lease, took_over }) => {
+                // Rows 1, 4 and 24: ours, fresh, taken over from an expired owner, or our own
+                // reservation answered again.
+                Ok(Claim::Reserved {
+                    ownership: lease,
+                    took_over,
+                }) => {
                     op.metrics().misses.increment(1);
                     if took_over {
                         op.metrics().takeovers.increment(1);
@@ -131,20 +137,20 @@ impl<S: Store, C> Call<'_, S, C> {
                         .run_owned(&key, lease, started, effective, action, errors)
                         .await;
                 }
-                // Row 3: replay.
-                Ok(Begin::Completed(completed)) => {
+                // Row 2: replay.
+                Ok(Claim::Replay(completed)) => {
                     op.metrics().hits.increment(1);
                     tracing::debug!(fencing = %completed.fencing, "replaying stored outcome");
                     return self.replay(completed, errors);
                 }
-                // Row 12: the same key for another request.
-                Ok(Begin::Mismatch) => {
+                // Row 16: the same key for another request.
+                Ok(Claim::Mismatch) => {
                     op.metrics().key_reuse.increment(1);
                     tracing::debug!("key reused with a different fingerprint");
                     return Err(Error::KeyReused);
                 }
-                // Rows 9-11 and 13: a live owner.
-                Ok(Begin::InFlight {
+                // Rows 11-14: a live owner.
+                Ok(Claim::InFlight {
                     retry_after: lease_left,
                     fencing,
                     held_for,
@@ -207,7 +213,7 @@ impl<S: Store, C> Call<'_, S, C> {
         }
     }
 
-    /// Rows 14-16: the store failed before the action ran. Fail closed, or run unprotected
+    /// Row 19: the store failed before the action ran. Fail closed, or run unprotected
     /// when failing open and the store is merely unavailable (never on a corrupt record).
     async fn store_failed<T, E, F, Fut>(
         &self,
@@ -215,7 +221,7 @@ impl<S: Store, C> Call<'_, S, C> {
         source: StoreError,
         policy: &Policy,
         action: F,
-    ) -> Result<Outcome<T>, Error<E>>
+    ) -> Result<Receipt<T>, Error<E>>
     where
         F: FnOnce(Attempt) -> Fut,
         Fut: Future<Output = Result<T, E>>,
@@ -232,16 +238,16 @@ impl<S: Store, C> Call<'_, S, C> {
     }
 
     /// Runs the action as the key's owner, then completes or releases, with the lease kept
-    /// alive until the store has answered (rows 5-8, 17-22).
+    /// alive until the store has answered (rows 5-10, 17-22, 25, 26, 29).
     async fn run_owned<T, E, F, Fut, P>(
         &self,
         key: &StorageKey,
-        lease: Lease,
+        lease: Ownership,
         reserved_at: tokio::time::Instant,
         effective: &Effective,
         action: F,
         errors: &P,
-    ) -> Result<Outcome<T>, Error<E>>
+    ) -> Result<Receipt<T>, Error<E>>
     where
         C: Codec<T>,
         P: ErrorPolicy<C, E>,
@@ -282,7 +288,7 @@ impl<S: Store, C> Call<'_, S, C> {
             let (completion, answer) = match result {
                 Ok(value) => {
                     let completion = self.encode_value(&value, effective);
-                    let answer = Ok(Outcome::new(value, Source::Fresh, Some(lease.fencing)));
+                    let answer = Ok(Receipt::new(value, Source::Fresh, Some(lease.fencing)));
                     (completion, answer)
                 }
                 Err(e) => match self.permanent_error(&e, errors, effective) {
@@ -311,14 +317,19 @@ impl<S: Store, C> Call<'_, S, C> {
 
     /// The completion that stores `e` as a permanent error, if the call's error policy says
     /// it is one and it can be stored (encodable, within `max_result_bytes`).
-    fn permanent_error<E, P>(&self, e: &E, errors: &P, effective: &Effective) -> Option<Completion>
+    fn permanent_error<E, P>(
+        &self,
+        e: &E,
+        errors: &P,
+        effective: &Effective,
+    ) -> Option<CompleteRequest>
     where
         P: ErrorPolicy<C, E>,
     {
         let max = effective.policy.max_result_bytes;
         match errors.encode(&self.codec, e)? {
-            Ok(bytes) if bytes.len() <= max => Some(Completion::new(
-                OutcomeKind::PermanentError,
+            Ok(bytes) if bytes.len() <= max => Some(CompleteRequest::new(
+                ResultKind::PermanentError,
                 bytes,
                 effective.ttl,
             )),
@@ -337,7 +348,7 @@ impl<S: Store, C> Call<'_, S, C> {
 
     /// Encodes a successful value, or explains why it cannot be kept. Never fails: once the
     /// action succeeded the key must end completed, whatever happens to its bytes.
-    fn encode_value<T>(&self, value: &T, effective: &Effective) -> Completion
+    fn encode_value<T>(&self, value: &T, effective: &Effective) -> CompleteRequest
     where
         C: Codec<T>,
     {
@@ -345,12 +356,12 @@ impl<S: Store, C> Call<'_, S, C> {
             self.operation.metrics().results_unavailable.increment(1);
             tracing::warn!(operation = %self.operation, key = %self.key, %reason,
                 "result not stored; replays will get ResultUnavailable");
-            Completion::new(OutcomeKind::Unavailable, reason, effective.ttl)
+            CompleteRequest::new(ResultKind::Unavailable, reason, effective.ttl)
         };
         let max = effective.policy.max_result_bytes;
         match self.codec.encode(value) {
             Ok(bytes) if bytes.len() <= max => {
-                Completion::new(OutcomeKind::Value, Bytes::from(bytes), effective.ttl)
+                CompleteRequest::new(ResultKind::Value, Bytes::from(bytes), effective.ttl)
             }
             Ok(bytes) => unavailable(format!(
                 "result of {} bytes exceeds the limit of {max} bytes",
@@ -360,22 +371,22 @@ impl<S: Store, C> Call<'_, S, C> {
         }
     }
 
-    fn replay<T, E, P>(&self, completed: Completed, errors: &P) -> Result<Outcome<T>, Error<E>>
+    fn replay<T, E, P>(&self, completed: Replay, errors: &P) -> Result<Receipt<T>, Error<E>>
     where
         C: Codec<T>,
         P: ErrorPolicy<C, E>,
     {
         let bytes = completed.outcome.bytes();
         match completed.outcome.kind() {
-            OutcomeKind::Value => match self.codec.decode(bytes) {
-                Ok(value) => Ok(Outcome::new(
+            ResultKind::Value => match self.codec.decode(bytes) {
+                Ok(value) => Ok(Receipt::new(
                     value,
                     Source::Replayed,
                     Some(completed.fencing),
                 )),
                 Err(e) => Err(Error::Decode(e)),
             },
-            OutcomeKind::PermanentError => match errors.decode(&self.codec, bytes) {
+            ResultKind::PermanentError => match errors.decode(&self.codec, bytes) {
                 Some(Ok(e)) => Err(Error::ReplayedAction(e)),
                 Some(Err(e)) => Err(Error::Decode(e)),
                 None => Err(Error::Decode(
@@ -383,13 +394,13 @@ impl<S: Store, C> Call<'_, S, C> {
                         .into(),
                 )),
             },
-            OutcomeKind::Unavailable => Err(Error::ResultUnavailable {
+            ResultKind::Unavailable => Err(Error::ResultUnavailable {
                 reason: String::from_utf8_lossy(bytes).into_owned(),
             }),
         }
     }
 
-    async fn release(&self, key: &StorageKey, lease: &Lease, policy: &Policy) {
+    async fn release(&self, key: &StorageKey, lease: &Ownership, policy: &Policy) {
         let store = self.coordinator.store();
         let started = now();
         let released = bounded(
@@ -413,13 +424,13 @@ impl<S: Store, C> Call<'_, S, C> {
     }
 }
 
-async fn run_unprotected<T, E, F, Fut>(action: F) -> Result<Outcome<T>, Error<E>>
+async fn run_unprotected<T, E, F, Fut>(action: F) -> Result<Receipt<T>, Error<E>>
 where
     F: FnOnce(Attempt) -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
     match action(Attempt::unprotected()).await {
-        Ok(value) => Ok(Outcome::new(value, Source::Unprotected, None)),
+        Ok(value) => Ok(Receipt::new(value, Source::Unprotected, None)),
         Err(e) => Err(Error::Action(e)),
     }
 }

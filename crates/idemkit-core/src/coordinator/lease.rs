@@ -1,6 +1,6 @@
 //! The lease keeper: renewals while the owner works (the action, then its completion), the
 //! lease-lost signal the action can watch, the maximum hold, and the guard that finishes a
-//! dropped call. ARCHITECTURE.md rows 6-8 and 17-22.
+//! dropped call. ARCHITECTURE.md rows 5-10, 17-22 and 25-27.
 
 use std::future::Future;
 use std::mem;
@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use crate::clock::now;
 use crate::error::Phase;
 use crate::policy::Policy;
-use crate::store::{Completion, Lease, Store, StoreError};
+use crate::store::{CompleteRequest, Ownership, Store, StoreError};
 use crate::{Operation, StorageKey};
 
 /// What the owner knows about its lease, shared with the action's [`Attempt`](super::Attempt).
@@ -147,7 +147,7 @@ where
 pub(crate) struct Keeper<'a, S> {
     pub(crate) store: &'a S,
     pub(crate) key: &'a StorageKey,
-    pub(crate) lease: Lease,
+    pub(crate) lease: Ownership,
     pub(crate) policy: &'a Policy,
     pub(crate) operation: &'a Operation,
     pub(crate) state: &'a LeaseState,
@@ -225,7 +225,7 @@ impl<S: Store> Keeper<'_, S> {
 
     /// Stores the outcome, retrying an unavailable store with backoff while the lease is
     /// confirmed (the renewals go on meanwhile). Returns whether it was stored.
-    pub(crate) async fn complete(&self, completion: &Completion) -> bool {
+    pub(crate) async fn complete(&self, completion: &CompleteRequest) -> bool {
         let (op, key) = (self.operation, self.key);
         let mut backoff = Duration::from_millis(50);
         loop {
@@ -278,7 +278,7 @@ pub(crate) enum Pending {
     /// The action has not succeeded: release the key.
     Release,
     /// The action succeeded: store its outcome, so it is not run again.
-    Complete(Completion),
+    Complete(CompleteRequest),
     /// Nothing: the call finished the reservation itself.
     Done,
 }
@@ -287,7 +287,7 @@ pub(crate) enum Pending {
 pub(crate) struct Guard<'a, S: Store> {
     pub(crate) store: &'a S,
     pub(crate) key: &'a StorageKey,
-    pub(crate) lease: Lease,
+    pub(crate) lease: Ownership,
     pub(crate) operation: &'a Operation,
     pub(crate) pending: Pending,
 }

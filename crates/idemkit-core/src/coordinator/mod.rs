@@ -1,9 +1,10 @@
 //! The coordinator: reserve, run while renewing, complete, replay.
 //!
 //! - [`mod@self`]: [`Coordinator`] and its builder, the policy lookup;
-//! - `call`: one call's options ([`Call`]), what it returns ([`Outcome`], [`Source`]) and
+//! - `call`: one call's options ([`Call`]), what it returns ([`Receipt`], [`Source`]) and
 //!   what the action is told ([`Attempt`]);
-//! - `drive`: the state machine (ARCHITECTURE.md, "The state machine");
+//! - `drive`: the state machine, opening with its diagram (ARCHITECTURE.md, "The state
+//!   machine and its interleavings", has the rows it names);
 //! - `lease`: the lease keeper (renewals, the lease-lost signal, the maximum hold) and the
 //!   guard that finishes a dropped call;
 //! - `errors`: how an action's error is released or stored.
@@ -13,7 +14,7 @@ mod drive;
 mod errors;
 mod lease;
 
-pub use call::{Attempt, Call, Outcome, Source};
+pub use call::{Attempt, Call, Receipt, Source};
 pub(crate) use lease::after;
 
 use std::borrow::Cow;
