@@ -1,11 +1,12 @@
-//! The coordinator's state machine against real tasks racing on a `MemoryStore`.
+//! The coordinator on a `MemoryStore`, beyond the coordinator conformance suite
+//! (tests/conformance.rs runs it on this store): round trips, scopes, renewed leases,
+//! unstorable results, stored errors, metrics and cancellation after success.
 //!
 //! Time-dependent tests run in paused tokio time (`start_paused`): leases, renewals and TTLs
 //! advance only when every task is idle, so the interleavings are exact and nothing sleeps.
 //! The 64-caller tests run on a multi-threaded runtime so the races are real.
 
 use std::convert::Infallible;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -17,7 +18,6 @@ use idemkit_core::{
 use idemkit_test::{Fault, Mailer, Probe, assert_fails_closed_then_open};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use proptest::prelude::*;
-use tokio::sync::{Barrier, Notify};
 use tokio::time::sleep;
 
 fn op() -> Operation {
@@ -138,80 +138,6 @@ async fn scopes_do_not_share_records() {
 
 // ===== 64 concurrent callers =====
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sixty_four_waiters_get_one_result() {
-    let c = Coordinator::new(MemoryStore::new());
-    let mailer = Mailer::default();
-    let start = Arc::new(Barrier::new(64));
-    let tasks: Vec<_> = (0..64)
-        .map(|_| {
-            let (c, mailer, start) = (c.clone(), mailer.clone(), start.clone());
-            tokio::spawn(async move {
-                let (op, k) = (op(), key("order-9.invoice"));
-                start.wait().await;
-                // The action takes a while, so the others arrive while it runs; whether they
-                // wait or arrive after it completed, they must get the same receipt.
-                c.call(&op, &k)
-                    .run(|_| mailer.send(Duration::from_millis(50)))
-                    .await
-                    .unwrap()
-            })
-        })
-        .collect();
-    let mut fresh = 0;
-    for t in tasks {
-        let out = t.await.unwrap();
-        assert_eq!(out.value, "em_1");
-        fresh += usize::from(out.source == Source::Fresh);
-    }
-    assert_eq!((mailer.sent(), fresh), (1, 1));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sixty_four_callers_in_reject_mode_one_runs_the_rest_are_told_in_progress() {
-    let c = Coordinator::builder(MemoryStore::new())
-        .policy(Policy::default().in_flight(InFlight::Reject))
-        .build();
-    let runs = Arc::new(AtomicUsize::new(0));
-    // The owner's action holds until every other caller has its answer: no timing involved.
-    let gate = Arc::new(Notify::new());
-    let start = Arc::new(Barrier::new(64));
-    let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..64 {
-        let (c, runs, gate, start) = (c.clone(), runs.clone(), gate.clone(), start.clone());
-        tasks.spawn(async move {
-            let (op, k) = (op(), key("order-9.invoice"));
-            start.wait().await;
-            c.call(&op, &k)
-                .run(|_| async move {
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    gate.notified().await;
-                    Ok::<_, Infallible>("em_1".to_string())
-                })
-                .await
-        });
-    }
-    // Collect the 63 answers that come without the owner finishing, then open its gate.
-    let mut results = Vec::new();
-    while results.len() < 63 {
-        results.push(tasks.join_next().await.unwrap().unwrap());
-    }
-    gate.notify_one();
-    results.push(tasks.join_next().await.unwrap().unwrap());
-    let fresh = results
-        .iter()
-        .filter(|r| matches!(r, Ok(o) if o.source == Source::Fresh))
-        .count();
-    let in_progress = results
-        .iter()
-        .filter(|r| matches!(r, Err(Error::InFlight { retry_after, .. }) if *retry_after <= Policy::default().lease))
-        .count();
-    assert_eq!(
-        (runs.load(Ordering::SeqCst), fresh, in_progress),
-        (1, 1, 63)
-    );
-}
-
 // ===== leases: renewal, expiry, stale owners =====
 
 #[tokio::test(start_paused = true)]
@@ -262,121 +188,7 @@ async fn a_waiter_gives_up_after_its_timeout_with_in_progress() {
     assert_eq!(mailer.sent(), 1);
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_stale_owner_cannot_clobber_a_taken_over_key() {
-    // Owner A's renewals fail (its store connection is down), so its lease expires while it
-    // still runs; B takes the key over and completes. A's completion must not overwrite B's
-    // record, and later callers get B's result.
-    let store = MemoryStore::new();
-    let a_store = Probe::new(store.clone());
-    let policy = Policy::default().lease(Duration::from_secs(1));
-    let a = Coordinator::builder(a_store.clone()).policy(policy).build();
-    let b = Coordinator::builder(store.clone()).policy(policy).build();
-    let a_fencing = Arc::new(std::sync::Mutex::new(None));
-    a_store.fail(Fault::Renew, true);
-    let a_task = {
-        let a_fencing = a_fencing.clone();
-        tokio::spawn(async move {
-            a.call(&op(), &key("k"))
-                .run(|attempt| async move {
-                    *a_fencing.lock().unwrap() = attempt.fencing_token();
-                    sleep(Duration::from_secs(3)).await;
-                    Ok::<_, Infallible>("from A".to_string())
-                })
-                .await
-                .unwrap()
-        })
-    };
-    sleep(Duration::from_millis(1_500)).await; // A's lease has expired; A still runs
-    let b_out = b
-        .call(&op(), &key("k"))
-        .in_flight(InFlight::Reject)
-        .run(|attempt| async move {
-            assert!(
-                attempt.fencing_token() > *a_fencing.lock().unwrap(),
-                "fencing did not increase"
-            );
-            Ok::<_, Infallible>("from B".to_string())
-        })
-        .await
-        .unwrap();
-    assert_eq!(b_out.source, Source::Fresh);
-    let a_out = a_task.await.unwrap();
-    // A still hands its own caller its value (the effect did happen)...
-    assert_eq!(
-        (a_out.value.as_str(), a_out.source),
-        ("from A", Source::Fresh)
-    );
-    // ...but the record is B's.
-    let replay = b
-        .call(&op(), &key("k"))
-        .run(|_| async { Ok::<_, Infallible>("from C".to_string()) })
-        .await
-        .unwrap();
-    assert_eq!(
-        (replay.value.as_str(), replay.source),
-        ("from B", Source::Replayed)
-    );
-    assert_eq!(replay.fencing, b_out.fencing);
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_dead_owner_is_taken_over_after_its_lease() {
-    // The owner's task is aborted without any cleanup chance (no runtime to spawn on is
-    // simulated by a store that refuses the release): the key frees itself at lease expiry.
-    let store = Probe::new(MemoryStore::new());
-    let policy = Policy::default().lease(Duration::from_secs(2));
-    let c = Coordinator::builder(store.clone()).policy(policy).build();
-    store.fail(Fault::Release, true);
-    let mailer = Mailer::default();
-    let owner = start_owner(&c, &mailer, Duration::from_secs(3600), None).await;
-    owner.abort();
-    let started = tokio::time::Instant::now();
-    // Wait mode: wakes at the dead owner's lease end and takes over.
-    let out = c
-        .call(&op(), &key("k"))
-        .run(|_| mailer.send(Duration::ZERO))
-        .await
-        .unwrap();
-    assert_eq!((out.value.as_str(), out.source), ("em_2", Source::Fresh));
-    assert!(
-        started.elapsed() <= Duration::from_secs(2),
-        "waited past the lease"
-    );
-}
-
 // ===== fingerprints =====
-
-#[tokio::test(start_paused = true)]
-async fn a_key_reused_for_another_request_is_refused_in_flight_and_after() {
-    let c = Coordinator::new(MemoryStore::new());
-    let mailer = Mailer::default();
-    let (a, b) = (
-        Fingerprint::of(b"amount=100"),
-        Fingerprint::of(b"amount=200"),
-    );
-    let owner = start_owner(&c, &mailer, Duration::from_secs(1), Some(a)).await;
-    let in_flight = c
-        .call(&op(), &key("k"))
-        .fingerprint(b)
-        .run(|_| mailer.send(Duration::ZERO))
-        .await;
-    assert!(matches!(in_flight, Err(Error::KeyReused)), "{in_flight:?}");
-    assert_eq!(owner.await.unwrap().unwrap().value, "em_1");
-    let after = c
-        .call(&op(), &key("k"))
-        .fingerprint(b)
-        .run(|_| mailer.send(Duration::ZERO))
-        .await;
-    assert_eq!(after.unwrap_err().kind(), ErrorKind::KeyReused);
-    let same = c
-        .call(&op(), &key("k"))
-        .fingerprint(a)
-        .run(|_| mailer.send(Duration::ZERO))
-        .await;
-    assert_eq!(same.unwrap().value, "em_1");
-    assert_eq!(mailer.sent(), 1);
-}
 
 // ===== invalid keys =====
 
@@ -666,46 +478,6 @@ async fn an_exact_sub_second_ttl_is_honoured() {
 }
 
 // ===== cancellation =====
-
-#[tokio::test(start_paused = true)]
-async fn dropping_the_call_mid_action_releases_the_key() {
-    let store = MemoryStore::new();
-    let c = Coordinator::builder(store.clone())
-        .policy(Policy::default().in_flight(InFlight::Reject))
-        .build();
-    let started = Arc::new(Notify::new());
-    let call = {
-        let (c, started) = (c.clone(), started.clone());
-        tokio::spawn(async move {
-            c.call(&op(), &key("k"))
-                .run(|_| async move {
-                    started.notify_one();
-                    std::future::pending::<Result<String, Infallible>>().await
-                })
-                .await
-        })
-    };
-    started.notified().await;
-    let sk = StorageKey::new(&op(), None, &key("k"));
-    let held = store
-        .get(&sk)
-        .await
-        .unwrap()
-        .expect("reserved while running");
-    call.abort();
-    assert!(call.await.unwrap_err().is_cancelled());
-    // The release is pushed to waiters; no lease expiry involved (reject mode, no sleep).
-    store
-        .wait(&sk, held.fencing, Duration::from_secs(3600))
-        .await
-        .unwrap();
-    assert_eq!(store.get(&sk).await.unwrap(), None);
-    let next = c
-        .call(&op(), &key("k"))
-        .run(|_| async { Ok::<_, Infallible>(1) })
-        .await;
-    assert_eq!(next.unwrap().source, Source::Fresh);
-}
 
 #[tokio::test(start_paused = true)]
 async fn dropping_the_call_after_the_action_succeeded_still_stores_the_result() {

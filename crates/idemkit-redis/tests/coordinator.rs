@@ -1,17 +1,17 @@
-//! The coordinator on Redis: round trips counted by Redis itself, stale owners, waiters, and
-//! outages of a Redis process the test owns (stopped and restarted on its own port).
+//! The coordinator on Redis, beyond the coordinator conformance suite (tests/conformance.rs):
+//! round trips counted by Redis itself, and outages of a Redis process the test owns
+//! (stopped and restarted on its own port).
 
 mod support;
 
 use std::convert::Infallible;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::time::Duration;
 
-use idemkit_core::{Coordinator, ErrorKind, InFlight, Key, Operation, Policy, Source, Store};
+use idemkit_core::{Coordinator, ErrorKind, Key, Operation, Source, Store};
 use idemkit_redis::RedisStore;
-use idemkit_test::{Fault, Mailer, Probe, assert_fails_closed_then_open};
+use idemkit_test::{Mailer, assert_fails_closed_then_open};
 use support::RedisProcess;
 
 fn op() -> Operation {
@@ -94,66 +94,6 @@ async fn a_hit_is_one_command_and_a_miss_two() {
     .await;
     assert_eq!(hit, ["EVALSHA"], "hit: begin only");
     assert_eq!(mailer.sent(), 2);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stale_owner_loses_and_a_waiter_gets_the_new_owners_result() {
-    let Some(store) = support::connect(&support::redis_url()).await else {
-        return;
-    };
-    let policy = Policy::default().lease(Duration::from_millis(600));
-    // A's renewals fail: its lease runs out while it still works.
-    let a_store = Probe::new(store.clone());
-    a_store.fail(Fault::Renew, true);
-    let a = Coordinator::builder(a_store).policy(policy).build();
-    let b = Coordinator::builder(store.clone()).policy(policy).build();
-    let k = key(&format!("stale-{:x}", fastrand::u64(..)));
-
-    let a_task = {
-        let k = k.clone();
-        tokio::spawn(async move {
-            a.call(&op(), &k)
-                .run(|_| async {
-                    tokio::time::sleep(Duration::from_millis(2_000)).await;
-                    Ok::<_, Infallible>("from A".to_string())
-                })
-                .await
-                .unwrap()
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(800)).await; // A's lease is gone
-    let b_task = {
-        let (b, k) = (b.clone(), k.clone());
-        tokio::spawn(async move {
-            b.call(&op(), &k)
-                .in_flight(InFlight::Reject)
-                .run(|_| async {
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                    Ok::<_, Infallible>("from B".to_string())
-                })
-                .await
-                .unwrap()
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    // W arrives while B runs, waits (push wake-up) and gets B's result.
-    let waited = b
-        .call(&op(), &k)
-        .run(|_| async { Ok::<_, Infallible>("from W".to_string()) })
-        .await
-        .unwrap();
-    assert_eq!(
-        (waited.value.as_str(), waited.source),
-        ("from B", Source::Replayed)
-    );
-    assert_eq!(b_task.await.unwrap().source, Source::Fresh);
-    let a_out = a_task.await.unwrap();
-    assert_eq!(a_out.value, "from A"); // A's caller gets A's value; the record stays B's
-    let after = b
-        .call(&op(), &k)
-        .run(|_| async { Ok::<_, Infallible>("x".to_string()) })
-        .await;
-    assert_eq!(after.unwrap().value, "from B");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -244,50 +184,4 @@ async fn a_restart_between_begin_and_complete_loses_the_reservation_not_the_resu
         (replay.value.as_str(), replay.source),
         ("em_3", Source::Replayed)
     );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sixty_four_callers_on_redis_run_the_action_once() {
-    let Some(store) = support::connect(&support::redis_url()).await else {
-        return;
-    };
-    for mode in [InFlight::Wait, InFlight::Reject] {
-        let c = Coordinator::builder(store.clone())
-            .policy(Policy::default().in_flight(mode))
-            .build();
-        let mailer = Mailer::default();
-        let k = key(&format!("crowd-{:x}", fastrand::u64(..)));
-        let start = Arc::new(tokio::sync::Barrier::new(64));
-        let mut tasks = tokio::task::JoinSet::new();
-        for _ in 0..64 {
-            let (c, mailer, k, start) = (c.clone(), mailer.clone(), k.clone(), start.clone());
-            tasks.spawn(async move {
-                start.wait().await;
-                // Long enough that the others arrive while it runs.
-                c.call(&op(), &k)
-                    .run(|_| mailer.send(Duration::from_millis(200)))
-                    .await
-            });
-        }
-        let (mut fresh, mut replayed, mut in_progress) = (0, 0, 0);
-        while let Some(result) = tasks.join_next().await {
-            match result.unwrap() {
-                Ok(out) => {
-                    assert_eq!(out.value, "em_1");
-                    match out.source {
-                        Source::Fresh => fresh += 1,
-                        Source::Replayed => replayed += 1,
-                        other => panic!("unexpected source {other:?}"),
-                    }
-                }
-                Err(e) if e.kind() == ErrorKind::InFlight => in_progress += 1,
-                Err(e) => panic!("unexpected error {e}"),
-            }
-        }
-        assert_eq!((mailer.sent(), fresh), (1, 1), "{mode:?}");
-        match mode {
-            InFlight::Wait => assert_eq!((replayed, in_progress), (63, 0)),
-            _ => assert_eq!(replayed + in_progress, 63),
-        }
-    }
 }

@@ -65,13 +65,13 @@ pub async fn a_replay_returns_the_first_result_without_running<H: Harness>(h: &H
     assert_eq!(mailer.sent(), 1);
 }
 
-/// 32 concurrent callers in wait mode: one runs, all get its result.
+/// 64 concurrent callers in wait mode: one runs, all get its result.
 pub async fn concurrent_waiters_get_one_result<H: Harness>(h: &H) {
     let c = Coordinator::builder(h.store().await)
         .policy(policy(1_000))
         .build();
     let mailer = Mailer::default();
-    let tasks = spawn_callers(&c, &fresh_key("waiters"), &mailer, 32);
+    let tasks = spawn_callers(&c, &fresh_key("waiters"), &mailer, 64);
     for t in tasks {
         let out = t.await.expect("task").expect("call");
         assert_eq!(out.value, "em_1");
@@ -79,7 +79,7 @@ pub async fn concurrent_waiters_get_one_result<H: Harness>(h: &H) {
     assert_eq!(mailer.sent(), 1);
 }
 
-/// 32 concurrent callers in reject mode: one runs, every other is told "in progress" with a
+/// 64 concurrent callers in reject mode: one runs, every other is told "in progress" with a
 /// retry hint within the lease.
 pub async fn concurrent_callers_in_reject_mode_run_once<H: Harness>(h: &H) {
     let lease = Duration::from_millis(1_000);
@@ -87,7 +87,7 @@ pub async fn concurrent_callers_in_reject_mode_run_once<H: Harness>(h: &H) {
         .policy(Policy::default().lease(lease).in_flight(InFlight::Reject))
         .build();
     let mailer = Mailer::default();
-    let tasks = spawn_callers(&c, &fresh_key("reject"), &mailer, 32);
+    let tasks = spawn_callers(&c, &fresh_key("reject"), &mailer, 64);
     let (mut fresh, mut rejected) = (0, 0);
     for t in tasks {
         match t.await.expect("task") {
@@ -151,7 +151,7 @@ where
                 .await
         })
     };
-    started.notified().await;
+    wait_started(&started, "the owner").await;
     store
         .purge(&StorageKey::new(&op, None, &key))
         .await
@@ -174,6 +174,74 @@ where
         (later.value.as_str(), later.source),
         ("successor", Source::Replayed)
     );
+}
+
+/// Waits for an action to signal that it runs; bounded, so that a scenario that went wrong
+/// fails instead of hanging.
+async fn wait_started(signal: &Notify, who: &str) {
+    tokio::time::timeout(Duration::from_secs(30), signal.notified())
+        .await
+        .unwrap_or_else(|_| panic!("{who}'s action never started"));
+}
+
+/// An owner whose renewals fail loses its lease while it works; a later caller takes the key
+/// over, a waiter that arrives meanwhile gets the new owner's result (pushed), and the stale
+/// owner's late result never replaces it.
+pub async fn an_owner_whose_renewals_fail_loses_to_its_successor<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let policy = policy(600);
+    let stale_store = Probe::new(store.clone());
+    stale_store.fail(Fault::Renew, true);
+    let stale = Coordinator::builder(stale_store).policy(policy).build();
+    let c = Coordinator::builder(store).policy(policy).build();
+    let (op, key) = (operation(), fresh_key("renewals-fail"));
+    let a_started = Arc::new(Notify::new());
+    let a = {
+        let started = a_started.clone();
+        tokio::spawn(
+            stale
+                .call_owned(operation(), key.clone())
+                .run(move |_| async move {
+                    started.notify_one();
+                    tokio::time::sleep(Duration::from_millis(2_000)).await;
+                    Ok::<_, Infallible>("from A".to_string())
+                }),
+        )
+    };
+    wait_started(&a_started, "A").await;
+    h.advance(Duration::from_millis(800)).await; // A's lease is gone
+    let b_started = Arc::new(Notify::new());
+    let b = {
+        let started = b_started.clone();
+        tokio::spawn(
+            c.call_owned(operation(), key.clone())
+                .in_flight(InFlight::Reject)
+                .run(move |_| async move {
+                    started.notify_one();
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    Ok::<_, Infallible>("from B".to_string())
+                }),
+        )
+    };
+    wait_started(&b_started, "B").await; // B holds the key now
+    let waited = c
+        .call(&op, &key)
+        .run(|_| async { Ok::<_, Infallible>("from W".to_string()) })
+        .await
+        .expect("waiter");
+    assert_eq!(
+        (waited.value.as_str(), waited.source),
+        ("from B", Source::Replayed)
+    );
+    assert_eq!(b.await.expect("task").expect("B").source, Source::Fresh);
+    // A's caller gets A's value (the action did run); the record stays B's.
+    assert_eq!(a.await.expect("task").expect("A").value, "from A");
+    let after = c
+        .call(&op, &key)
+        .run(|_| async { Ok::<_, Infallible>("x".to_string()) })
+        .await
+        .expect("after");
+    assert_eq!(after.value, "from B");
 }
 
 /// A key reused with another fingerprint is refused while the first request runs and after
@@ -237,7 +305,7 @@ pub async fn dropping_a_call_mid_action_releases_the_key<H: Harness>(h: &H) {
                 .await
         })
     };
-    started.notified().await;
+    wait_started(&started, "the owner").await;
     call.abort();
     let _ = call.await;
     // The release runs in the background: give it a few moments, far below the 15 s lease.

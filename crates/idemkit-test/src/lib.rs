@@ -153,6 +153,7 @@ macro_rules! __with_coordinator_checks {
             concurrent_callers_in_reject_mode_run_once,
             a_dead_owner_is_taken_over_after_its_lease,
             a_stale_owner_cannot_clobber_its_successor,
+            an_owner_whose_renewals_fail_loses_to_its_successor,
             a_reused_key_is_refused_in_flight_and_after,
             dropping_a_call_mid_action_releases_the_key,
             a_cancelled_waiter_changes_nothing,
