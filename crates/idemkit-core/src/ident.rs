@@ -304,7 +304,8 @@ impl std::str::FromStr for Operation {
 
 /// The identity of one effect: `order-9.invoice`, not the id of the job that asked for it.
 ///
-/// Any UTF-8 text of 1 to [`MAX_KEY_LEN`] bytes without control characters, `:` included.
+/// Any UTF-8 text of 1 to [`MAX_KEY_LEN`] bytes without control characters, `:` included,
+/// that is not blank (only white space).
 /// Build keys from the effect's own identity ([`Key::compose`]) so that two deliveries of the
 /// same effect, even from two different jobs, share one key.
 ///
@@ -325,8 +326,8 @@ impl Key {
     ///
     /// # Errors
     ///
-    /// [`KeyError`] when the key is empty, longer than [`MAX_KEY_LEN`] bytes or has a control
-    /// character.
+    /// [`KeyError`] when the key is empty or blank (only white space), longer than
+    /// [`MAX_KEY_LEN`] bytes or has a control character.
     ///
     /// # Example
     ///
@@ -351,8 +352,8 @@ impl Key {
     ///
     /// # Errors
     ///
-    /// [`KeyError`] when there are no parts, a part is empty or has a control character, or
-    /// the result is longer than [`MAX_KEY_LEN`].
+    /// [`KeyError`] when there are no parts, a part is empty or blank or has a control
+    /// character, or the result is longer than [`MAX_KEY_LEN`].
     ///
     /// # Example
     ///
@@ -426,7 +427,7 @@ impl std::str::FromStr for Key {
 /// Whose effect a key names: a tenant, an API principal. Two scopes never share records, even
 /// when their callers pick the same key.
 ///
-/// Any UTF-8 text of 1 to [`MAX_SCOPE_LEN`] bytes without control characters.
+/// Any UTF-8 text of 1 to [`MAX_SCOPE_LEN`] bytes without control characters, not blank.
 ///
 /// # Example
 ///
@@ -445,7 +446,7 @@ impl Scope {
     ///
     /// # Errors
     ///
-    /// [`KeyError`] when empty, too long or holding a control character.
+    /// [`KeyError`] when empty or blank, too long or holding a control character.
     ///
     /// # Example
     ///

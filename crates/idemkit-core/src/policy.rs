@@ -20,8 +20,9 @@ pub enum InFlight {
     /// up to [`Policy::wait_timeout`] in all; if the owner's lease expires, the caller takes
     /// the key over and runs the action itself. The default.
     Wait,
-    /// Return [`Error::InFlight`](crate::Error::InFlight) at once, with the time left on the
-    /// owner's lease: a queue worker requeues, an HTTP handler answers 409 with `Retry-After`.
+    /// Return [`Error::InFlight`](crate::Error::InFlight) at once, with a `retry_after` (the
+    /// time left on the owner's lease, or [`Policy::retry_hint`] minus how long the owner has
+    /// held the key): a queue worker requeues, an HTTP handler answers 409 with `Retry-After`.
     Reject,
     /// Run the action anyway, unprotected (its result is not stored). Counted and logged.
     Run,

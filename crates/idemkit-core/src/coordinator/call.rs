@@ -175,7 +175,8 @@ impl Attempt {
     }
 
     /// Whether the lease is lost, or can no longer be confirmed (no renewal succeeded within
-    /// the lease, or the maximum hold has passed). Cheap: an atomic load and a clock read.
+    /// the lease, or the maximum hold has passed). Cheap: an atomic load, an uncontended lock
+    /// and a clock read.
     /// Always `false` for an unprotected run.
     ///
     /// # Example
