@@ -232,3 +232,50 @@ async fn redis_down_between_the_action_and_its_completion_still_stores_the_resul
     );
     assert_eq!(mailer.sent(), 1);
 }
+
+/// A waiter cancelled while it subscribes (the first waiter of the key, polled once) leaves
+/// push wake-ups working: its registration is dropped, its background unsubscribe cannot
+/// cancel the next waiter's subscription, and the next waiter is woken by the publication.
+/// (On 85fb7ed this passes too: the cancelled `SUBSCRIBE` had reached the wire, and the
+/// leaked registration still shared its wake-up; the leak is what the test above catches.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_cancelled_during_its_subscribe_does_not_stop_later_wake_ups() {
+    let server = RedisProcess::start(&[]);
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let key = storage_key("cancelled-subscribe");
+    let lease = reserve(&store, &key).await;
+    // Polled once: the wait registers and starts subscribing, then is dropped.
+    let cancelled = tokio::time::timeout(
+        Duration::ZERO,
+        store.wait(&key, lease.fencing, Duration::from_secs(30)),
+    )
+    .await;
+    assert!(cancelled.is_err(), "the wait should have been cancelled");
+    let waiter = {
+        let (store, key) = (store.clone(), key.clone());
+        tokio::spawn(async move {
+            store
+                .wait(&key, lease.fencing, Duration::from_secs(30))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    store
+        .complete(
+            &key,
+            &lease,
+            &idemkit_core::CompleteRequest::new(
+                idemkit_core::ResultKind::Value,
+                "1",
+                Duration::from_secs(60),
+            ),
+        )
+        .await
+        .unwrap();
+    // Far below the 60 s lease: only a push can wake it this soon.
+    tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the later waiter was not woken by push")
+        .unwrap()
+        .unwrap();
+}
