@@ -184,18 +184,12 @@ impl RedisStoreBuilder {
             .get_connection_manager_with_config(config)
             .await
             .map_err(map_err)?;
-        let mut conn = Conn::Single(manager);
-        check_eviction(&mut conn, self.eviction).await?;
-        let limit = self.call_limit();
-        let durable = self.replicas.map(|(n, timeout)| {
-            Durable::new(
-                n,
-                timeout,
-                self.response_timeout,
-                Opener::Single(Box::new(client)),
-            )
-        });
-        Ok(RedisStore::new(conn, self.prefix, durable, waiters, limit))
+        self.finish(
+            Conn::Single(manager),
+            Opener::Single(Box::new(client)),
+            waiters,
+        )
+        .await
     }
 
     /// Connects to a Redis Cluster through any of its nodes.
@@ -220,19 +214,24 @@ impl RedisStoreBuilder {
             .push_sender(push_handler(waiters.clone()))
             .build()
             .map_err(map_err)?;
-        let mut conn = Conn::Cluster(client.get_async_connection().await.map_err(map_err)?);
+        let conn = Conn::Cluster(client.get_async_connection().await.map_err(map_err)?);
+        self.finish(conn, Opener::Cluster(Box::new(client)), waiters)
+            .await
+    }
+
+    /// What both connects share once connected: the eviction check, the durability guard
+    /// (its connections come from `opener`) and the call bound.
+    async fn finish(
+        self,
+        mut conn: Conn,
+        opener: Opener,
+        waiters: Arc<Waiters>,
+    ) -> Result<RedisStore, StoreError> {
         check_eviction(&mut conn, self.eviction).await?;
         let limit = self.call_limit();
-        let durable = self.replicas.map(|(n, timeout)| {
-            // Guarded writes open their own cluster connections; push messages are not
-            // needed there (nobody subscribes on them).
-            Durable::new(
-                n,
-                timeout,
-                self.response_timeout,
-                Opener::Cluster(Box::new(client)),
-            )
-        });
+        let durable = self
+            .replicas
+            .map(|(n, timeout)| Durable::new(n, timeout, self.response_timeout, opener));
         Ok(RedisStore::new(conn, self.prefix, durable, waiters, limit))
     }
 

@@ -301,11 +301,12 @@ async fn eval_durable(
     } else {
         Ok(())
     };
-    if acked
-        .as_ref()
-        .map_or_else(StoreError::is_unavailable, |()| true)
-    {
-        // Good, or a clean "not enough replicas" answer: the connection is fine.
+    // Acknowledged, or a clean "not enough replicas" answer: the connection is fine to reuse.
+    let reusable = match &acked {
+        Ok(()) => true,
+        Err(e) => e.is_unavailable(),
+    };
+    if reusable {
         durable.checkin(conn);
     }
     Ok((reply, acked))

@@ -35,6 +35,32 @@ async fn reserve(store: &RedisStore, key: &StorageKey) -> idemkit_core::Ownershi
     }
 }
 
+/// Starts a waiter on `key`'s reservation (a 60 s lease), completes the key, and expects the
+/// waiter back within 10 s: far below the lease, so only the completion's publication can
+/// have woken it.
+async fn a_new_waiter_is_woken_by_push(
+    store: &RedisStore,
+    key: &StorageKey,
+    ownership: &idemkit_core::Ownership,
+) {
+    let waiter = {
+        let (store, key, fencing) = (store.clone(), key.clone(), ownership.fencing);
+        tokio::spawn(async move { store.wait(&key, fencing, Duration::from_secs(30)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let done = idemkit_core::CompleteRequest::new(
+        idemkit_core::ResultKind::Value,
+        "1",
+        Duration::from_secs(60),
+    );
+    store.complete(key, ownership, &done).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter was not woken by push")
+        .unwrap()
+        .unwrap();
+}
+
 /// Before: `join()` raised the waiter count and `leave()` ran after an `.await` with no drop
 /// guard: a waiter dropped by a timeout kept its registration and its Redis subscription
 /// for ever (`PUBSUB NUMSUB` stayed 1).
@@ -67,34 +93,8 @@ async fn a_cancelled_waiter_leaves_no_subscription_and_push_still_works() {
     }
     assert!(numsub.ends_with("\n0"), "still subscribed: {numsub:?}");
 
-    // A new waiter subscribes afresh and is woken by the completion's publication, long
-    // before the 60 s lease would have ended.
-    let waiter = {
-        let (store, key) = (store.clone(), key.clone());
-        tokio::spawn(async move {
-            store
-                .wait(&key, lease.fencing, Duration::from_secs(30))
-                .await
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    store
-        .complete(
-            &key,
-            &lease,
-            &idemkit_core::CompleteRequest::new(
-                idemkit_core::ResultKind::Value,
-                "1",
-                Duration::from_secs(60),
-            ),
-        )
-        .await
-        .unwrap();
-    tokio::time::timeout(Duration::from_secs(10), waiter)
-        .await
-        .expect("the new waiter was not woken by push")
-        .unwrap()
-        .unwrap();
+    // A new waiter subscribes afresh and is woken by the completion's publication.
+    a_new_waiter_is_woken_by_push(&store, &key, &lease).await;
     assert_eq!(store.waiting_channels(), 0);
 }
 
@@ -251,31 +251,5 @@ async fn a_waiter_cancelled_during_its_subscribe_does_not_stop_later_wake_ups() 
     )
     .await;
     assert!(cancelled.is_err(), "the wait should have been cancelled");
-    let waiter = {
-        let (store, key) = (store.clone(), key.clone());
-        tokio::spawn(async move {
-            store
-                .wait(&key, lease.fencing, Duration::from_secs(30))
-                .await
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    store
-        .complete(
-            &key,
-            &lease,
-            &idemkit_core::CompleteRequest::new(
-                idemkit_core::ResultKind::Value,
-                "1",
-                Duration::from_secs(60),
-            ),
-        )
-        .await
-        .unwrap();
-    // Far below the 60 s lease: only a push can wake it this soon.
-    tokio::time::timeout(Duration::from_secs(10), waiter)
-        .await
-        .expect("the later waiter was not woken by push")
-        .unwrap()
-        .unwrap();
+    a_new_waiter_is_woken_by_push(&store, &key, &lease).await;
 }

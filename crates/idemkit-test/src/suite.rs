@@ -652,30 +652,53 @@ pub async fn the_longest_durations_are_kept<H: Harness>(h: &H) {
 pub async fn two_waiters_are_both_woken<H: Harness>(h: &H) {
     let store = h.store().await;
     let key = unique_key("two-waiters");
-    let lease = reserve(&store, &key).await;
+    let lease = reserve_for_30s(&store, &key).await;
+    let waiters = [
+        spawn_waiter(&store, &key, &lease),
+        spawn_waiter(&store, &key, &lease),
+    ];
+    complete_wakes(h, &store, &key, &lease, waiters).await;
+}
+
+/// Reserves `key` and renews it to 30 s, so that only a push wakes its waiters soon.
+async fn reserve_for_30s<S: Store>(store: &S, key: &StorageKey) -> Ownership {
+    let lease = reserve(store, key).await;
     store
-        .renew(&key, &lease, Duration::from_secs(30))
+        .renew(key, &lease, Duration::from_secs(30))
         .await
         .expect("renew");
-    let waiter = |store: H::Store, key: StorageKey| {
-        tokio::spawn(async move {
-            store
-                .wait(&key, lease.fencing, Duration::from_secs(30))
-                .await
-                .expect("wait");
-        })
-    };
-    let (a, b) = (
-        waiter(store.clone(), key.clone()),
-        waiter(store.clone(), key.clone()),
-    );
+    lease
+}
+
+fn spawn_waiter<S: Store>(
+    store: &S,
+    key: &StorageKey,
+    lease: &Ownership,
+) -> tokio::task::JoinHandle<()> {
+    let (store, key, fencing) = (store.clone(), key.clone(), lease.fencing);
+    tokio::spawn(async move {
+        store
+            .wait(&key, fencing, Duration::from_secs(30))
+            .await
+            .expect("wait");
+    })
+}
+
+/// Completes `key` and expects every waiter back within 10 s: far below the 30 s lease, so a
+/// waiter that missed the push would still be sleeping.
+async fn complete_wakes<H: Harness, const N: usize>(
+    h: &H,
+    store: &H::Store,
+    key: &StorageKey,
+    lease: &Ownership,
+    waiters: [tokio::task::JoinHandle<()>; N],
+) {
     h.advance(Duration::from_millis(200)).await;
     store
-        .complete(&key, &lease, &value("1"))
+        .complete(key, lease, &value("1"))
         .await
         .expect("complete");
-    // Bounded far below the 30 s lease: a waiter that missed the push would sleep until then.
-    for w in [a, b] {
+    for w in waiters {
         tokio::time::timeout(Duration::from_secs(10), w)
             .await
             .expect("a waiter was not woken")
@@ -688,35 +711,15 @@ pub async fn two_waiters_are_both_woken<H: Harness>(h: &H) {
 pub async fn a_cancelled_wait_leaves_the_key_wakeable<H: Harness>(h: &H) {
     let store = h.store().await;
     let key = unique_key("cancelled-wait");
-    let lease = reserve(&store, &key).await;
-    store
-        .renew(&key, &lease, Duration::from_secs(30))
-        .await
-        .expect("renew");
+    let lease = reserve_for_30s(&store, &key).await;
     let cancelled = tokio::time::timeout(
         Duration::from_millis(100),
         store.wait(&key, lease.fencing, Duration::from_secs(30)),
     )
     .await;
     assert!(cancelled.is_err(), "the wait should still be waiting");
-    let later = {
-        let (store, key) = (store.clone(), key.clone());
-        tokio::spawn(async move {
-            store
-                .wait(&key, lease.fencing, Duration::from_secs(30))
-                .await
-                .expect("wait");
-        })
-    };
-    h.advance(Duration::from_millis(200)).await;
-    store
-        .complete(&key, &lease, &value("1"))
-        .await
-        .expect("complete");
-    tokio::time::timeout(Duration::from_secs(10), later)
-        .await
-        .expect("the later waiter was not woken")
-        .expect("waiter task");
+    let later = spawn_waiter(&store, &key, &lease);
+    complete_wakes(h, &store, &key, &lease, [later]).await;
 }
 
 /// An owner whose lease expired cannot complete, even while nobody has taken the key over
