@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::Coordinator;
+use super::complete::{ByStore, Completer};
 use super::errors::{ReleaseOnError, StorePermanent};
 use super::lease::LeaseState;
 use crate::codec::Codec;
@@ -288,6 +289,23 @@ impl<'a, S: Store> Call<'a, S, crate::JsonCodec> {
 }
 
 impl<'a, S: Store, C> Call<'a, S, C> {
+    /// The store this call runs on (for store crates that extend a call, such as the
+    /// transactional call of idemkit-postgres).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use idemkit_core::{Coordinator, Key, MemoryStore, Operation};
+    /// # let c = Coordinator::new(MemoryStore::new());
+    /// # let (op, key) = (Operation::new("op")?, Key::new("k")?);
+    /// let store: &MemoryStore = c.call(&op, &key).store();
+    /// # let _ = store;
+    /// # Ok::<(), idemkit_core::KeyError>(())
+    /// ```
+    pub fn store(&self) -> &S {
+        self.coordinator.store()
+    }
+
     /// How long the completed record is kept, exactly (default: the policy's `ttl`). Pick
     /// it to outlive the latest redelivery: a day, a week for manual re-runs. Clamped to
     /// [`Policy::MAX_DURATION`] and to what the store can keep ([`Store::max_ttl`]); zero is
@@ -421,7 +439,7 @@ impl<'a, S: Store, C> Call<'a, S, C> {
         F: FnOnce(Attempt) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.execute(action, ReleaseOnError).await
+        self.execute(action, ReleaseOnError, None::<ByStore>).await
     }
 
     /// Like [`run`](Call::run), but an error for which `is_permanent` returns true is stored
@@ -463,6 +481,62 @@ impl<'a, S: Store, C> Call<'a, S, C> {
         Fut: Future<Output = Result<T, E>>,
     {
         let errors = StorePermanent { is_permanent };
-        self.execute(action, errors).await
+        self.execute(action, errors, None::<ByStore>).await
+    }
+
+    /// Like [`run`](Call::run), but the result is stored by `completer` (inside the caller's
+    /// transaction) instead of by the store, once, after the lease renewals stopped; see
+    /// [`Completer`] for what a failure means. Replays, waits and rejections are as for
+    /// `run`. Store crates wrap this in their transactional call (idemkit-postgres's
+    /// `TxCall`); applications rarely call it directly.
+    ///
+    /// # Errors
+    ///
+    /// As [`run`](Call::run), and [`Error::Store`] with phase `Complete` when the completer
+    /// failed: the action ran, and its transaction must roll back.
+    ///
+    /// # Example
+    ///
+    /// See [`Completer`].
+    pub async fn run_completing<T, E, K, F, Fut>(
+        self,
+        completer: K,
+        action: F,
+    ) -> Result<Receipt<T>, Error<E>>
+    where
+        C: Codec<T>,
+        K: Completer,
+        F: FnOnce(Attempt) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        self.execute(action, ReleaseOnError, Some(completer)).await
+    }
+
+    /// [`run_storing_errors`](Call::run_storing_errors) with a [`Completer`]: a permanent
+    /// error is stored by the completer too.
+    ///
+    /// # Errors
+    ///
+    /// As [`run_storing_errors`](Call::run_storing_errors) and
+    /// [`run_completing`](Call::run_completing).
+    ///
+    /// # Example
+    ///
+    /// See [`Completer`].
+    pub async fn run_storing_errors_completing<T, E, K, P, F, Fut>(
+        self,
+        completer: K,
+        is_permanent: P,
+        action: F,
+    ) -> Result<Receipt<T>, Error<E>>
+    where
+        C: Codec<T> + Codec<E>,
+        K: Completer,
+        P: Fn(&E) -> bool,
+        F: FnOnce(Attempt) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let errors = StorePermanent { is_permanent };
+        self.execute(action, errors, Some(completer)).await
     }
 }

@@ -21,6 +21,7 @@ use bytes::Bytes;
 use tracing::Instrument as _;
 
 use super::call::{Attempt, Call, Receipt, Source};
+use super::complete::Completer;
 use super::errors::ErrorPolicy;
 use super::lease::{Guard, Keeper, LeaseState, Pending, after, bounded};
 use crate::StorageKey;
@@ -33,9 +34,9 @@ use crate::store::{BeginRequest, Claim, CompleteRequest, Ownership, Replay, Stor
 
 /// A call's policy once checked against its store: every duration positive and within
 /// what the store can keep.
-struct Effective {
-    policy: Policy,
-    ttl: std::time::Duration,
+pub(super) struct Effective {
+    pub(super) policy: Policy,
+    pub(super) ttl: std::time::Duration,
 }
 
 impl<S: Store, C> Call<'_, S, C> {
@@ -60,14 +61,16 @@ impl<S: Store, C> Call<'_, S, C> {
     }
 
     /// Runs the call inside its span (`idemkit.call`, with `operation` and `key`).
-    pub(super) async fn execute<T, E, F, Fut, P>(
+    pub(super) async fn execute<T, E, F, Fut, P, K>(
         self,
         action: F,
         errors: P,
+        completer: Option<K>,
     ) -> Result<Receipt<T>, Error<E>>
     where
         C: Codec<T>,
         P: ErrorPolicy<C, E>,
+        K: Completer,
         F: FnOnce(Attempt) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
@@ -83,23 +86,25 @@ impl<S: Store, C> Call<'_, S, C> {
         // Without a subscriber that wants the span, skip the wrapper: instrumenting moves the
         // whole call's state into it, on every call.
         if span.is_disabled() {
-            self.drive(&effective, action, &errors).await
+            self.drive(&effective, action, &errors, completer).await
         } else {
-            self.drive(&effective, action, &errors)
+            self.drive(&effective, action, &errors, completer)
                 .instrument(span)
                 .await
         }
     }
 
-    async fn drive<T, E, F, Fut, P>(
+    async fn drive<T, E, F, Fut, P, K>(
         &self,
         effective: &Effective,
         action: F,
         errors: &P,
+        completer: Option<K>,
     ) -> Result<Receipt<T>, Error<E>>
     where
         C: Codec<T>,
         P: ErrorPolicy<C, E>,
+        K: Completer,
         F: FnOnce(Attempt) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
@@ -133,9 +138,19 @@ impl<S: Store, C> Call<'_, S, C> {
                         tracing::info!(operation = %op, key = %self.key, fencing = %lease.fencing,
                             "took over an expired lease");
                     }
-                    return self
-                        .run_owned(&key, lease, started, effective, action, errors)
-                        .await;
+                    return match completer {
+                        None => {
+                            self.run_owned(&key, lease, started, effective, action, errors)
+                                .await
+                        }
+                        // Row 30: the caller's transaction completes. Boxed: a rare path.
+                        Some(completer) => {
+                            Box::pin(self.run_owned_completing(
+                                &key, lease, started, effective, action, errors, completer,
+                            ))
+                            .await
+                        }
+                    };
                 }
                 // Row 2: replay.
                 Ok(Claim::Replay(completed)) => {
@@ -317,7 +332,7 @@ impl<S: Store, C> Call<'_, S, C> {
 
     /// The completion that stores `e` as a permanent error, if the call's error policy says
     /// it is one and it can be stored (encodable, within `max_result_bytes`).
-    fn permanent_error<E, P>(
+    pub(super) fn permanent_error<E, P>(
         &self,
         e: &E,
         errors: &P,
@@ -348,7 +363,7 @@ impl<S: Store, C> Call<'_, S, C> {
 
     /// Encodes a successful value, or explains why it cannot be kept. Never fails: once the
     /// action succeeded the key must end completed, whatever happens to its bytes.
-    fn encode_value<T>(&self, value: &T, effective: &Effective) -> CompleteRequest
+    pub(super) fn encode_value<T>(&self, value: &T, effective: &Effective) -> CompleteRequest
     where
         C: Codec<T>,
     {
@@ -400,7 +415,7 @@ impl<S: Store, C> Call<'_, S, C> {
         }
     }
 
-    async fn release(&self, key: &StorageKey, lease: &Ownership, policy: &Policy) {
+    pub(super) async fn release(&self, key: &StorageKey, lease: &Ownership, policy: &Policy) {
         let store = self.coordinator.store();
         let started = now();
         let released = bounded(

@@ -7,14 +7,17 @@
 //!   machine and its interleavings", has the rows it names);
 //! - `lease`: the lease keeper (renewals, the lease-lost signal, the maximum hold) and the
 //!   guard that finishes a dropped call;
-//! - `errors`: how an action's error is released or stored.
+//! - `errors`: how an action's error is released or stored;
+//! - `complete`: completion by a [`Completer`] (the caller's transaction) instead of the store.
 
 mod call;
+mod complete;
 mod drive;
 mod errors;
 mod lease;
 
 pub use call::{Attempt, Call, Receipt, Source};
+pub use complete::Completer;
 pub(crate) use lease::after;
 
 use std::borrow::Cow;

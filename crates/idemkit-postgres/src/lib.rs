@@ -1,0 +1,26 @@
+//! PostgreSQL for idemkit.
+//!
+//! - [`PgStore`]: the idemkit [`Store`](idemkit_core::Store) on a table of your database, with
+//!   the same semantics as the Redis store (one statement per phase, fencing, push wake-ups).
+//! - [`Inbox`]: the transactional inbox, a row per (consumer, message id) written in your own
+//!   transaction, so that a redelivered message finds its database effects already committed.
+//! - [`TxCall`]: a call whose result is stored in your transaction, committing or rolling back
+//!   with the database effect it protects.
+//! - [`Inbox::deliver`]: the seed's order of effects in one call: database effect and inbox
+//!   row, commit, then the external effect under its own key on every delivery.
+//!
+//! See the README's "Which protection" table for when to use which.
+
+mod errors;
+mod inbox;
+mod migrate;
+mod names;
+mod sql;
+mod store;
+mod tx;
+mod wake;
+
+pub use names::{MAX_NAME_LEN, NameError};
+pub use store::{PgStore, PgStoreBuilder, Purger};
+pub use tx::{InTransaction, TxCall, TxFuture};
+pub use inbox::{DeliverError, Delivered, Inbox, InboxError, Seen};

@@ -1,0 +1,127 @@
+//! The statements, one per phase, written once per store from its table's names.
+//!
+//! Every statement decides expiry by `clock_timestamp()` (the database's clock, read when the
+//! statement runs, not when its transaction began: the transactional call's completion runs
+//! late in a long transaction). Durations travel as microseconds.
+
+use crate::names::Table;
+
+/// The text of every statement of one store.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    pub(crate) begin: String,
+    pub(crate) renew: String,
+    pub(crate) complete: String,
+    pub(crate) release: String,
+    pub(crate) wait: String,
+    pub(crate) get: String,
+    pub(crate) put_raw: String,
+    pub(crate) purge: String,
+    pub(crate) purge_expired: String,
+    /// The notification channel: `<schema>.<table>`.
+    pub(crate) channel: String,
+}
+
+impl Statements {
+    pub(crate) fn new(table: &Table) -> Self {
+        let t = table.quoted();
+        let seq = format!("\"{}\".\"{}_fencing\"", table.schema, table.name);
+        let channel = format!("{}.{}", table.schema, table.name);
+        let owned = "key = $1 AND owner = $2 AND fencing = $3 AND version = 1";
+        Statements {
+            // Insert, or take an expired row over, or return the live row: one statement.
+            // `ON CONFLICT ... DO UPDATE ... WHERE` locks the conflicting row and updates it
+            // only if it expired; when it does not, RETURNING is empty and the second branch
+            // reads the row. That read uses the statement's snapshot, so a row inserted by a
+            // transaction that committed after the snapshot can be missing from it: the
+            // client sends the statement again (no rows at all: rare, and only under a race).
+            // A fencing token is drawn on every call (hits too): gaps are harmless, order is
+            // what counts. `took_over`: the row we replaced was a reservation (the statement's
+            // snapshot still shows the replaced version).
+            begin: format!(
+                "WITH c AS (SELECT clock_timestamp() AS now), \
+                 ins AS ( \
+                   INSERT INTO {t} AS r (key, version, state, owner, fencing, fingerprint, created_at, expires_at, waiting) \
+                   SELECT $1, 1, 1, $2, nextval('{seq}'), $4, c.now, c.now + $3 * interval '1 microsecond', false FROM c \
+                   ON CONFLICT (key) DO UPDATE SET version = 1, state = 1, owner = excluded.owner, \
+                     fencing = excluded.fencing, fingerprint = excluded.fingerprint, \
+                     created_at = excluded.created_at, expires_at = excluded.expires_at, \
+                     waiting = false, kind = NULL, result = NULL \
+                   WHERE r.expires_at <= excluded.created_at \
+                   RETURNING r.fencing, r.xmax::text <> '0' AS replaced \
+                 ) \
+                 SELECT true, 1::int2, 1::int2, NULL::bytea, ins.fencing, NULL::bytea, NULL::int2, NULL::bytea, \
+                   0::int8, 0::int8, \
+                   CASE WHEN ins.replaced THEN coalesce((SELECT o.state = 1 FROM {t} o WHERE o.key = $1), false) \
+                     ELSE false END \
+                 FROM ins \
+                 UNION ALL \
+                 SELECT false, r.version, r.state, r.owner, r.fencing, r.fingerprint, r.kind, r.result, \
+                   (extract(epoch FROM r.expires_at - c.now) * 1000000)::int8, \
+                   (extract(epoch FROM c.now - r.created_at) * 1000000)::int8, false \
+                 FROM {t} r, c WHERE r.key = $1 AND NOT EXISTS (SELECT 1 FROM ins)"
+            ),
+            renew: format!(
+                "UPDATE {t} SET expires_at = clock_timestamp() + $4 * interval '1 microsecond' \
+                 WHERE {owned} AND state = 1 AND expires_at > clock_timestamp()"
+            ),
+            // Completes and, if a waiter flagged the row, notifies: at commit, so a waiter
+            // wakes when the result is visible (in the transactional call, when the caller
+            // commits). A second completion by the same owner finds its own completed row:
+            // success, nothing written.
+            complete: format!(
+                "WITH u AS ( \
+                   UPDATE {t} SET state = 2, kind = $4, result = $5, \
+                     expires_at = clock_timestamp() + $6 * interval '1 microsecond' \
+                   WHERE {owned} AND state = 1 AND expires_at > clock_timestamp() \
+                   RETURNING waiting \
+                 ), n AS (SELECT pg_notify('{channel}', $1) FROM u WHERE u.waiting) \
+                 SELECT CASE WHEN EXISTS (SELECT 1 FROM u) THEN (SELECT count(*) FROM n) >= 0 \
+                   ELSE EXISTS (SELECT 1 FROM {t} WHERE {owned} AND state = 2 \
+                     AND expires_at > clock_timestamp()) END"
+            ),
+            release: format!(
+                "WITH d AS ( \
+                   DELETE FROM {t} WHERE {owned} AND state = 1 AND expires_at > clock_timestamp() \
+                   RETURNING waiting \
+                 ), n AS (SELECT pg_notify('{channel}', $1) FROM d WHERE d.waiting) \
+                 SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM n)"
+            ),
+            // Flags the reservation as waited on (so its completion or release notifies), if
+            // it is still the live state of the key; returns its lease left.
+            wait: format!(
+                "UPDATE {t} SET waiting = true \
+                 WHERE key = $1 AND fencing = $2 AND version = 1 AND state = 1 \
+                   AND expires_at > clock_timestamp() \
+                 RETURNING (extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::int8"
+            ),
+            get: format!(
+                "SELECT version, state, owner, fencing, fingerprint, kind, result, \
+                   floor(extract(epoch FROM created_at) * 1000)::int8, \
+                   floor(extract(epoch FROM expires_at) * 1000)::int8 \
+                 FROM {t} WHERE key = $1 AND expires_at > clock_timestamp()"
+            ),
+            put_raw: format!(
+                "INSERT INTO {t} (key, version, state, owner, fencing, fingerprint, created_at, expires_at, kind, result) \
+                 VALUES ($1, $2, $3, $4, $5, $6, clock_timestamp(), \
+                   clock_timestamp() + $7 * interval '1 microsecond', $8, $9) \
+                 ON CONFLICT (key) DO UPDATE SET version = excluded.version, state = excluded.state, \
+                   owner = excluded.owner, fencing = excluded.fencing, fingerprint = excluded.fingerprint, \
+                   created_at = excluded.created_at, expires_at = excluded.expires_at, waiting = false, \
+                   kind = excluded.kind, result = excluded.result"
+            ),
+            purge: format!("DELETE FROM {t} WHERE key = $1"),
+            // Oldest first, skipping rows another purger (or an owner) holds: bounded work
+            // per statement, and no waiting on anyone.
+            purge_expired: format!(
+                "WITH d AS ( \
+                   DELETE FROM {t} WHERE key IN ( \
+                     SELECT key FROM {t} WHERE expires_at <= clock_timestamp() \
+                     ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED) \
+                   RETURNING 1 \
+                 ) SELECT count(*) FROM d"
+            ),
+            channel,
+        }
+    }
+}

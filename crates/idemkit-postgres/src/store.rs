@@ -1,0 +1,662 @@
+//! `PgStore`: the [`Store`] on a PostgreSQL table.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use idemkit_core::{
+    BeginRequest, Claim, CompleteRequest, FencingToken, Ownership, RawStore, Record, RecordState,
+    Replay, StorageKey, Store, StoreError,
+};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{PgConnection, PgPool, Row as _};
+
+use crate::errors::{Checked, Row, map_err};
+use crate::names::{NameError, Table, check};
+use crate::sql::Statements;
+use crate::wake::{Listener, Waiters};
+
+/// The migration call the "table is missing" error names.
+const MIGRATE: &str = "PgStore::migrate()";
+
+/// The store on a PostgreSQL table: one statement per phase, fencing tokens from one
+/// sequence, expiry by the database's clock, push wake-ups through `LISTEN`/`NOTIFY`.
+///
+/// Create the table once with [`migrate`](PgStore::migrate) (at start-up; it is idempotent and
+/// safe to run from every replica at once). Expired rows are ignored by every call and
+/// removed by [`purge_expired`](PgStore::purge_expired), which you schedule, or by the
+/// background task of [`spawn_purger`](PgStore::spawn_purger).
+///
+/// # Example
+///
+/// ```no_run
+/// use idemkit_core::{Coordinator, Key, Operation};
+/// use idemkit_postgres::PgStore;
+///
+/// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = PgStore::connect("postgres://postgres@127.0.0.1/test").await?;
+/// store.migrate().await?;
+/// let c = Coordinator::new(store);
+/// let (op, key) = (Operation::new("mail.invoice")?, Key::new("order-9")?);
+/// let sent = c.call(&op, &key).run(|_| async { Ok::<_, std::io::Error>("em_1".to_string()) }).await?;
+/// assert_eq!(sent.value, "em_1");
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct PgStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    pool: PgPool,
+    table: Table,
+    sql: Statements,
+    waiters: Arc<Waiters>,
+    listener: Listener,
+    recheck: Duration,
+}
+
+/// Builds a [`PgStore`]: the schema and table, and how often a waiter re-checks on its own.
+///
+/// # Example
+///
+/// ```no_run
+/// # async fn f(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use idemkit_postgres::PgStore;
+///
+/// let store = PgStore::builder()
+///     .schema("billing")?
+///     .table("idempotency")?
+///     .recheck(Duration::from_secs(1))
+///     .build(pool);
+/// store.migrate().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct PgStoreBuilder {
+    table: Table,
+    recheck: Duration,
+}
+
+impl Default for PgStoreBuilder {
+    fn default() -> Self {
+        PgStoreBuilder {
+            table: Table {
+                schema: "public".into(),
+                name: "idemkit_records".into(),
+            },
+            recheck: Duration::from_secs(2),
+        }
+    }
+}
+
+impl PgStoreBuilder {
+    /// The schema (default `public`); [`migrate`](PgStore::migrate) creates it if needed.
+    ///
+    /// # Errors
+    ///
+    /// [`NameError`] unless it is 1 to 30 of `a-z`, `0-9` and `_`, not starting with a digit.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// assert!(idemkit_postgres::PgStore::builder().schema("Billing").is_err());
+    /// ```
+    pub fn schema(mut self, schema: &str) -> Result<Self, NameError> {
+        self.table.schema = check("schema", schema)?;
+        Ok(self)
+    }
+
+    /// The table (default `idemkit_records`).
+    ///
+    /// # Errors
+    ///
+    /// [`NameError`] unless it is 1 to 30 of `a-z`, `0-9` and `_`, not starting with a digit.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// assert!(idemkit_postgres::PgStore::builder().table("keys").is_ok());
+    /// ```
+    pub fn table(mut self, table: &str) -> Result<Self, NameError> {
+        self.table.name = check("table", table)?;
+        Ok(self)
+    }
+
+    /// The longest a waiter sleeps without a notification before it reads the row again
+    /// (default 2 s, at least 10 ms). Notifications normally wake it at once; the re-check
+    /// bounds the wait if one is lost (the listening connection dropped).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let b = idemkit_postgres::PgStore::builder().recheck(Duration::from_millis(500));
+    /// # drop(b);
+    /// ```
+    pub fn recheck(mut self, every: Duration) -> Self {
+        self.recheck = every.max(Duration::from_millis(10));
+        self
+    }
+
+    /// The store on `pool`. A pool of your own works; for one round trip per call, build it
+    /// with `test_before_acquire(false)` (sqlx's default pings every connection it hands out).
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), sqlx::Error> {
+    /// let pool = sqlx::postgres::PgPoolOptions::new()
+    ///     .test_before_acquire(false)
+    ///     .connect("postgres://postgres@127.0.0.1/test").await?;
+    /// let store = idemkit_postgres::PgStore::builder().build(pool);
+    /// # drop(store); Ok(()) }
+    /// ```
+    pub fn build(self, pool: PgPool) -> PgStore {
+        PgStore {
+            inner: Arc::new(Inner {
+                sql: Statements::new(&self.table),
+                pool,
+                table: self.table,
+                waiters: Arc::default(),
+                listener: Listener::default(),
+                recheck: self.recheck,
+            }),
+        }
+    }
+
+    /// Connects a pool of `max_connections` to `url` (without sqlx's ping before each use)
+    /// and builds the store on it.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] (`Unavailable`) if the URL is invalid or the server cannot be reached.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), idemkit_core::StoreError> {
+    /// let store = idemkit_postgres::PgStore::builder()
+    ///     .connect("postgres://postgres@127.0.0.1/test", 16).await?;
+    /// # drop(store); Ok(()) }
+    /// ```
+    pub async fn connect(self, url: &str, max_connections: u32) -> Result<PgStore, StoreError> {
+        let options: PgConnectOptions = url.parse().map_err(StoreError::unavailable)?;
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections.max(2))
+            .test_before_acquire(false)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_with(options)
+            .await
+            .map_err(StoreError::unavailable)?;
+        Ok(self.build(pool))
+    }
+}
+
+impl PgStore {
+    /// The store on `pool`, in the table `public.idemkit_records`.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), sqlx::Error> {
+    /// let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/test").await?;
+    /// let store = idemkit_postgres::PgStore::new(pool);
+    /// # drop(store); Ok(()) }
+    /// ```
+    pub fn new(pool: PgPool) -> Self {
+        PgStoreBuilder::default().build(pool)
+    }
+
+    /// A builder for another schema or table.
+    ///
+    /// # Example
+    ///
+    /// See [`PgStoreBuilder`].
+    pub fn builder() -> PgStoreBuilder {
+        PgStoreBuilder::default()
+    }
+
+    /// Connects a pool of 10 connections to `url` and builds the store on
+    /// `public.idemkit_records`.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] (`Unavailable`) if the URL is invalid or the server cannot be reached.
+    ///
+    /// # Example
+    ///
+    /// See [`PgStore`].
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        PgStoreBuilder::default().connect(url, 10).await
+    }
+
+    /// The pool the store uses.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn f(store: idemkit_postgres::PgStore) -> Result<(), sqlx::Error> {
+    /// let tx = store.pool().begin().await?;
+    /// # drop(tx); Ok(()) }
+    /// ```
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    /// `schema.table`.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # fn f(store: idemkit_postgres::PgStore) {
+    /// assert_eq!(store.table(), "public.idemkit_records");
+    /// # }
+    /// ```
+    pub fn table(&self) -> String {
+        self.inner.table.to_string()
+    }
+
+    /// Creates the schema, table, index and fencing sequence if they do not exist, from the
+    /// SQL files embedded in this crate (`migrations/records/`), and records what it applied
+    /// in `<schema>.idemkit_migrations`. Idempotent; concurrent calls queue on an advisory
+    /// lock. Until it has run, every call fails with a `Rejected` error that names it.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] if the database refuses (no right to create) or cannot be reached.
+    ///
+    /// # Example
+    ///
+    /// See [`PgStore`].
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        crate::migrate::apply(&self.inner.pool, &self.inner.table, crate::migrate::RECORDS)
+            .await
+            .map_err(|e| self.err(e))
+    }
+
+    /// Deletes up to `batch` rows whose lease or retention has ended, oldest first, per
+    /// statement, until none are left; returns how many. Rows a concurrent call holds are
+    /// skipped (`SKIP LOCKED`), so this never waits on an owner. Schedule it (say, hourly),
+    /// or use [`spawn_purger`](PgStore::spawn_purger).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError`] if the database cannot be reached; rows deleted by earlier statements
+    /// stay deleted.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn f(store: idemkit_postgres::PgStore) -> Result<(), idemkit_core::StoreError> {
+    /// let removed = store.purge_expired(1000).await?;
+    /// println!("purged {removed} expired records");
+    /// # Ok(()) }
+    /// ```
+    pub async fn purge_expired(&self, batch: u32) -> Result<u64, StoreError> {
+        purge_in_batches(&self.inner.pool, &self.inner.sql.purge_expired, batch)
+            .await
+            .map_err(|e| self.err(e))
+    }
+
+    /// Runs [`purge_expired`](PgStore::purge_expired) every `every` in a background task
+    /// until the returned handle is dropped. Failures are logged and retried next time.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn f(store: idemkit_postgres::PgStore) {
+    /// # use std::time::Duration;
+    /// let _purger = store.spawn_purger(Duration::from_secs(3600), 1000);
+    /// // ... the service runs; dropping `_purger` stops it.
+    /// # }
+    /// ```
+    pub fn spawn_purger(&self, every: Duration, batch: u32) -> Purger {
+        let store = self.clone();
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every.max(Duration::from_millis(10)));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                match store.purge_expired(batch).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(table = %store.inner.table, purged = n, "purged expired idemkit records"),
+                    Err(e) => tracing::warn!(table = %store.inner.table, error = %e, "purging expired idemkit records failed; retrying at the next tick"),
+                }
+            }
+        });
+        Purger { task }
+    }
+
+    /// How many keys have a waiter of this store registered (a diagnostic: a finished or
+    /// cancelled wait leaves none behind).
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # fn f(store: idemkit_postgres::PgStore) {
+    /// assert_eq!(store.waiting_keys(), 0);
+    /// # }
+    /// ```
+    pub fn waiting_keys(&self) -> usize {
+        self.inner.waiters.len()
+    }
+
+    fn err(&self, e: sqlx::Error) -> StoreError {
+        map_err(e, &self.inner.table, MIGRATE)
+    }
+
+    /// Completes on `conn`: the pool's for [`Store::complete`], the caller's transaction for
+    /// the transactional call.
+    pub(crate) async fn complete_on(
+        &self,
+        conn: &mut PgConnection,
+        key: &StorageKey,
+        ownership: &Ownership,
+        request: &CompleteRequest,
+    ) -> Result<(), StoreError> {
+        let done: bool = sqlx::query(&self.inner.sql.complete)
+            .bind(key.as_str())
+            .bind(owner_bytes(ownership))
+            .bind(fencing_i64(ownership.fencing))
+            .bind(i16::from(request.kind.to_byte()))
+            .bind(&request.bytes[..])
+            .bind(micros(request.ttl))
+            .fetch_one(conn)
+            .await
+            .and_then(|row| row.try_get(0))
+            .map_err(|e| self.err(e))?;
+        if done {
+            Ok(())
+        } else {
+            Err(StoreError::lease_lost())
+        }
+    }
+}
+
+/// The background purge of [`PgStore::spawn_purger`]; dropping it stops the task.
+#[derive(Debug)]
+pub struct Purger {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Purger {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+pub(crate) async fn purge_in_batches(
+    pool: &PgPool,
+    statement: &str,
+    batch: u32,
+) -> Result<u64, sqlx::Error> {
+    let batch = i64::from(batch.max(1));
+    let mut total = 0u64;
+    loop {
+        let n: i64 = sqlx::query(statement)
+            .bind(batch)
+            .fetch_one(pool)
+            .await?
+            .try_get(0)?;
+        total += n as u64;
+        if n < batch {
+            return Ok(total);
+        }
+    }
+}
+
+fn owner_bytes(o: &Ownership) -> [u8; 16] {
+    o.owner.as_u128().to_be_bytes()
+}
+
+fn fencing_i64(f: FencingToken) -> i64 {
+    // Our tokens come from a bigint sequence; a larger one cannot match any row.
+    i64::try_from(f.get()).unwrap_or(-1)
+}
+
+/// Microseconds, the database's resolution (the coordinator clamps durations to
+/// `max_ttl`, so this never saturates in practice).
+fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+fn duration_us(us: i64) -> Duration {
+    Duration::from_micros(u64::try_from(us).unwrap_or(0))
+}
+
+/// How many times `begin` is sent again when its row was committed after the statement's
+/// snapshot (see sql.rs); each retry takes a new snapshot, so one suffices in practice.
+const BEGIN_ATTEMPTS: usize = 8;
+
+impl Store for PgStore {
+    fn max_ttl(&self) -> Duration {
+        // 100 years: far within timestamptz (to year 294276) and exact in microseconds.
+        idemkit_core::Policy::MAX_DURATION
+    }
+
+    async fn begin(&self, req: &BeginRequest<'_>) -> Result<Claim, StoreError> {
+        let owner = req.owner.as_u128().to_be_bytes();
+        let fingerprint = req.fingerprint.map(|f| f.to_bytes());
+        for _ in 0..BEGIN_ATTEMPTS {
+            let row = sqlx::query(&self.inner.sql.begin)
+                .bind(req.key.as_str())
+                .bind(&owner[..])
+                .bind(micros(req.lease))
+                .bind(fingerprint.as_ref().map(|f| &f[..]))
+                .fetch_optional(&self.inner.pool)
+                .await
+                .map_err(|e| self.err(e))?;
+            let Some(row) = row else { continue };
+            let get = |e| self.err(e);
+            let mine: bool = row.try_get(0).map_err(get)?;
+            let fencing: i64 = row.try_get(4).map_err(get)?;
+            if mine {
+                return Ok(Claim::Reserved {
+                    ownership: Ownership::new(req.owner, FencingToken::new(fencing as u64)),
+                    took_over: row.try_get(10).map_err(get)?,
+                });
+            }
+            let left_us: i64 = row.try_get(8).map_err(get)?;
+            let held_us: i64 = row.try_get(9).map_err(get)?;
+            let checked = Row {
+                version: row.try_get(1).map_err(get)?,
+                state: row.try_get(2).map_err(get)?,
+                owner: row.try_get(3).map_err(get)?,
+                fencing,
+                fingerprint: row.try_get(5).map_err(get)?,
+                kind: row.try_get(6).map_err(get)?,
+                result: row.try_get(7).map_err(get)?,
+            }
+            .check(req.key)?;
+            return Ok(match checked {
+                Checked::Reserved { fingerprint, .. } | Checked::Completed { fingerprint, .. }
+                    if fingerprint != req.fingerprint =>
+                {
+                    Claim::Mismatch
+                }
+                Checked::Completed {
+                    fencing, result, ..
+                } => Claim::Replay(Replay::new(fencing, result)),
+                // Ours already: this begin was sent twice.
+                Checked::Reserved { owner, fencing, .. } if owner == req.owner => {
+                    Claim::Reserved {
+                        ownership: Ownership::new(owner, fencing),
+                        took_over: false,
+                    }
+                }
+                Checked::Reserved { fencing, .. } => Claim::InFlight {
+                    retry_after: duration_us(left_us),
+                    fencing,
+                    held_for: Some(duration_us(held_us)),
+                },
+            });
+        }
+        Err(StoreError::unavailable(format!(
+            "begin found no row {BEGIN_ATTEMPTS} times in a row under contention"
+        )))
+    }
+
+    async fn renew(
+        &self,
+        key: &StorageKey,
+        ownership: &Ownership,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        let done = sqlx::query(&self.inner.sql.renew)
+            .bind(key.as_str())
+            .bind(&owner_bytes(ownership)[..])
+            .bind(fencing_i64(ownership.fencing))
+            .bind(micros(lease))
+            .execute(&self.inner.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        if done.rows_affected() == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::lease_lost())
+        }
+    }
+
+    async fn complete(
+        &self,
+        key: &StorageKey,
+        ownership: &Ownership,
+        request: &CompleteRequest,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.inner.pool.acquire().await.map_err(|e| self.err(e))?;
+        self.complete_on(&mut conn, key, ownership, request).await
+    }
+
+    async fn release(&self, key: &StorageKey, ownership: &Ownership) -> Result<(), StoreError> {
+        let deleted: i64 = sqlx::query(&self.inner.sql.release)
+            .bind(key.as_str())
+            .bind(&owner_bytes(ownership)[..])
+            .bind(fencing_i64(ownership.fencing))
+            .fetch_one(&self.inner.pool)
+            .await
+            .and_then(|row| row.try_get(0))
+            .map_err(|e| self.err(e))?;
+        if deleted == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::lease_lost())
+        }
+    }
+
+    async fn wait(
+        &self,
+        key: &StorageKey,
+        seen: FencingToken,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        let listening = inner
+            .listener
+            .ensure(&inner.pool, &inner.sql.channel, &inner.waiters)
+            .await;
+        if let Err(e) = &listening {
+            // No push: wait for the re-check (bounded) instead of failing the caller.
+            tracing::warn!(error = %e, "idemkit-postgres: cannot LISTEN; waiting by re-check");
+        }
+        let registration = inner.waiters.register(key.as_str());
+        let notified = registration.notify.notified();
+        let mut notified = std::pin::pin!(notified);
+        // Enabled before the row is flagged: a notification from here on is not missed.
+        notified.as_mut().enable();
+        let left: Option<i64> = sqlx::query(&inner.sql.wait)
+            .bind(key.as_str())
+            .bind(fencing_i64(seen))
+            .fetch_optional(&inner.pool)
+            .await
+            .and_then(|row| row.map(|r| r.try_get(0)).transpose())
+            .map_err(|e| self.err(e))?;
+        let Some(left) = left else {
+            // Already completed, released, expired or taken over.
+            return Ok(());
+        };
+        // Expiry has no event to push: wake at the lease's end at the latest.
+        let until = timeout.min(duration_us(left)).min(inner.recheck);
+        let _ = tokio::time::timeout(until, notified).await;
+        Ok(())
+    }
+
+    async fn get(&self, key: &StorageKey) -> Result<Option<Record>, StoreError> {
+        let row = sqlx::query(&self.inner.sql.get)
+            .bind(key.as_str())
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        let Some(row) = row else { return Ok(None) };
+        let get = |e| self.err(e);
+        let checked = Row {
+            version: row.try_get(0).map_err(get)?,
+            state: row.try_get(1).map_err(get)?,
+            owner: row.try_get(2).map_err(get)?,
+            fencing: row.try_get(3).map_err(get)?,
+            fingerprint: row.try_get(4).map_err(get)?,
+            kind: row.try_get(5).map_err(get)?,
+            result: row.try_get(6).map_err(get)?,
+        }
+        .check(key)?;
+        Ok(Some(checked.into_record(
+            row.try_get(7).map_err(get)?,
+            row.try_get(8).map_err(get)?,
+        )))
+    }
+}
+
+/// Raw access. A row has columns, not one byte string: `put_raw` of bytes that decode as an
+/// idemkit [`Record`] writes its fields; anything else is kept as an unreadable row (version
+/// 0, the bytes in `result`) that every call reports as `Corrupt` until it expires or is
+/// purged, like foreign bytes under a Redis key.
+impl RawStore for PgStore {
+    async fn put_raw(&self, key: &StorageKey, bytes: Bytes, ttl: Duration) -> Result<(), StoreError> {
+        let q = sqlx::query(&self.inner.sql.put_raw).bind(key.as_str());
+        let q = match Record::decode(&bytes) {
+            Ok(r) => {
+                let (state, kind, result) = match r.state {
+                    RecordState::Reserved => (1i16, None, None),
+                    RecordState::Completed(o) => (
+                        2,
+                        Some(i16::from(o.kind().to_byte())),
+                        Some(o.bytes().to_vec()),
+                    ),
+                    _ => (0, None, None),
+                };
+                q.bind(1i16)
+                    .bind(state)
+                    .bind(r.owner.as_u128().to_be_bytes().to_vec())
+                    .bind(fencing_i64(r.fencing))
+                    .bind(r.fingerprint.map(|f| f.to_bytes().to_vec()))
+                    .bind(micros(ttl))
+                    .bind(kind)
+                    .bind(result)
+            }
+            Err(_) => q
+                .bind(0i16)
+                .bind(0i16)
+                .bind(vec![0u8; 16])
+                .bind(0i64)
+                .bind(None::<Vec<u8>>)
+                .bind(micros(ttl))
+                .bind(None::<i16>)
+                .bind(Some(bytes.to_vec())),
+        };
+        q.execute(&self.inner.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    async fn purge(&self, key: &StorageKey) -> Result<bool, StoreError> {
+        let done = sqlx::query(&self.inner.sql.purge)
+            .bind(key.as_str())
+            .execute(&self.inner.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(done.rows_affected() > 0)
+    }
+}

@@ -1,0 +1,234 @@
+//! The transactional call: reserve through the store, run the action in the caller's
+//! transaction, and complete in that same transaction, so that the database effect and its
+//! idempotency record commit or roll back together.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+use idemkit_core::{
+    Attempt, Call, Codec, CompleteRequest, Completer, Error, Ownership, Receipt, StorageKey,
+    StoreError,
+};
+use sqlx::{Executor as _, PgConnection, Postgres, Transaction};
+
+use crate::PgStore;
+
+/// The future an action of the transactional call (or a database effect of
+/// [`Inbox::deliver`](crate::Inbox::deliver)) returns: boxed, because it borrows the
+/// connection it is given (`Box::pin(async move { ... })`).
+pub type TxFuture<'t, T> = Pin<Box<dyn Future<Output = T> + Send + 't>>;
+
+/// Turns a [`Call`] on a [`PgStore`] into a [`TxCall`].
+///
+/// # Example
+///
+/// See [`TxCall`].
+pub trait InTransaction<'a, C>: Sized {
+    /// The call, to run inside `tx`.
+    fn in_transaction<'c, 'x>(self, tx: &'c mut Transaction<'x, Postgres>) -> TxCall<'a, 'c, C>;
+}
+
+impl<'a, C> InTransaction<'a, C> for Call<'a, PgStore, C> {
+    fn in_transaction<'c, 'x>(self, tx: &'c mut Transaction<'x, Postgres>) -> TxCall<'a, 'c, C> {
+        TxCall { call: self, conn: tx }
+    }
+}
+
+/// A call whose action runs in your transaction and whose result is stored in it: the
+/// database effect and the idempotency record commit together or not at all. No crash
+/// window for database effects: crash before the commit and neither exists (the
+/// redelivery runs the action again); after it, both do (the redelivery replays).
+///
+/// How it runs, and what a concurrent duplicate sees:
+///
+/// 1. The key is reserved through the store's pool, outside your transaction, with the
+///    usual lease (renewed while the action runs). A concurrent duplicate sees it in
+///    flight: with [`InFlight::Wait`](idemkit_core::InFlight) it is woken when your
+///    transaction commits (the notification is sent at commit) and replays the committed
+///    result; with `Reject` it gets [`Error::InFlight`] with its retry hint.
+/// 2. The action runs on your transaction's connection.
+/// 3. The result is written in your transaction (owner-checked, like every completion).
+///    From then until your commit, the row is locked by your transaction: a duplicate's
+///    `begin` waits for your commit or rollback (a short wait if you commit promptly).
+/// 4. You commit. If you roll back instead (or crash), the reservation ends with its lease
+///    and the next delivery runs the action again, in a new transaction.
+///
+/// When the call fails after the action ran (the action's own error, or a completion that
+/// could not be written because the lease was lost or the database failed), the
+/// transaction is poisoned: every later statement in it fails and a `COMMIT` rolls back, so
+/// an effect can never commit without its record. A replay, a rejection, a key reused for
+/// another request or a store failure before the action leave the transaction untouched.
+///
+/// Compose it with a separate key for an external effect (an email) by calling the
+/// coordinator again *after* the commit, on every delivery: see the README's "Which
+/// protection" table and [`Inbox::deliver`](crate::Inbox::deliver).
+///
+/// # Example
+///
+/// ```no_run
+/// use idemkit_core::{Coordinator, Key, Operation};
+/// use idemkit_postgres::{InTransaction, PgStore};
+///
+/// # async fn f(store: PgStore) -> Result<(), Box<dyn std::error::Error>> {
+/// let c = Coordinator::new(store.clone());
+/// let (op, key) = (Operation::new("ledger.credit")?, Key::new("order-9")?);
+/// let mut tx = store.pool().begin().await?;
+/// let receipt = c.call(&op, &key)
+///     .in_transaction(&mut tx)
+///     .run(|conn, _attempt| Box::pin(async move {
+///         let id: i64 = sqlx::query_scalar("INSERT INTO ledger (order_id) VALUES ('order-9') RETURNING id")
+///             .fetch_one(conn).await?;
+///         Ok::<_, sqlx::Error>(id)
+///     }))
+///     .await?;
+/// tx.commit().await?;
+/// println!("ledger row {} ({:?})", receipt.value, receipt.source);
+/// # Ok(()) }
+/// ```
+#[must_use = "a call does nothing until `run` is awaited"]
+#[derive(Debug)]
+pub struct TxCall<'a, 'c, C> {
+    call: Call<'a, PgStore, C>,
+    conn: &'c mut PgConnection,
+}
+
+/// The completer that writes in the caller's transaction.
+struct InTx<'s, 'c> {
+    store: PgStore,
+    slot: &'s Mutex<Option<&'c mut PgConnection>>,
+}
+
+impl Completer for InTx<'_, '_> {
+    async fn complete(
+        &mut self,
+        key: &StorageKey,
+        ownership: &Ownership,
+        request: &CompleteRequest,
+    ) -> Result<(), StoreError> {
+        let conn = take(self.slot);
+        let done = self.store.complete_on(conn, key, ownership, request).await;
+        put(self.slot, conn);
+        done
+    }
+}
+
+fn take<'c>(slot: &Mutex<Option<&'c mut PgConnection>>) -> &'c mut PgConnection {
+    slot.lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take()
+        .expect("the action and the completion use the connection in turn")
+}
+
+fn put<'c>(slot: &Mutex<Option<&'c mut PgConnection>>, conn: &'c mut PgConnection) {
+    *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(conn);
+}
+
+/// Runs the user's action on the connection in the slot, noting that it ran.
+async fn act<'c, T, E, F>(
+    slot: &Mutex<Option<&'c mut PgConnection>>,
+    ran: &AtomicBool,
+    action: F,
+    attempt: Attempt,
+) -> Result<T, E>
+where
+    F: for<'t> FnOnce(&'t mut PgConnection, Attempt) -> TxFuture<'t, Result<T, E>>,
+{
+    ran.store(true, Ordering::SeqCst);
+    let conn = take(slot);
+    let result = action(&mut *conn, attempt).await;
+    put(slot, conn);
+    result
+}
+
+/// After the call: if the action ran and its effect must not commit (the call failed after
+/// it), make the transaction fail, so that a `COMMIT` rolls back.
+async fn settle<T, E>(
+    slot: Mutex<Option<&mut PgConnection>>,
+    ran: &AtomicBool,
+    result: Result<Receipt<T>, Error<E>>,
+) -> Result<Receipt<T>, Error<E>> {
+    let keep = matches!(result, Ok(_) | Err(Error::ActionStored(_)));
+    if ran.load(Ordering::SeqCst) && !keep {
+        if let Some(conn) = slot.into_inner().unwrap_or_else(PoisonError::into_inner) {
+            // Fails by design; its error is the point.
+            let _ = conn
+                .execute(
+                    "DO $$ BEGIN RAISE EXCEPTION 'idemkit: the idempotent call failed after its \
+                     action ran; this transaction must roll back'; END $$",
+                )
+                .await;
+        }
+    }
+    result
+}
+
+impl<C> TxCall<'_, '_, C> {
+    /// Runs the action in the transaction at most once for this key (across every
+    /// transaction that commits), and stores its value in the same transaction; or replays
+    /// the committed value.
+    ///
+    /// # Errors
+    ///
+    /// As [`Call::run`]; [`Error::Store`] with phase `Complete` when the result could not be
+    /// written in the transaction (then the transaction is poisoned: roll it back).
+    ///
+    /// # Example
+    ///
+    /// See [`TxCall`].
+    pub async fn run<T, E, F>(self, action: F) -> Result<Receipt<T>, Error<E>>
+    where
+        C: Codec<T>,
+        F: for<'t> FnOnce(&'t mut PgConnection, Attempt) -> TxFuture<'t, Result<T, E>>,
+    {
+        let store = self.call.store().clone();
+        let slot = Mutex::new(Some(self.conn));
+        let ran = AtomicBool::new(false);
+        let completer = InTx {
+            store,
+            slot: &slot,
+        };
+        let result = self
+            .call
+            .run_completing(completer, |attempt| act(&slot, &ran, action, attempt))
+            .await;
+        settle(slot, &ran, result).await
+    }
+
+    /// Like [`run`](TxCall::run), storing (in the transaction) the errors `is_permanent`
+    /// accepts, as [`Call::run_storing_errors`] does.
+    ///
+    /// # Errors
+    ///
+    /// As [`Call::run_storing_errors`] and [`run`](TxCall::run).
+    ///
+    /// # Example
+    ///
+    /// See [`TxCall`].
+    pub async fn run_storing_errors<T, E, P, F>(
+        self,
+        is_permanent: P,
+        action: F,
+    ) -> Result<Receipt<T>, Error<E>>
+    where
+        C: Codec<T> + Codec<E>,
+        P: Fn(&E) -> bool,
+        F: for<'t> FnOnce(&'t mut PgConnection, Attempt) -> TxFuture<'t, Result<T, E>>,
+    {
+        let store = self.call.store().clone();
+        let slot = Mutex::new(Some(self.conn));
+        let ran = AtomicBool::new(false);
+        let completer = InTx {
+            store,
+            slot: &slot,
+        };
+        let result = self
+            .call
+            .run_storing_errors_completing(completer, is_permanent, |attempt| {
+                act(&slot, &ran, action, attempt)
+            })
+            .await;
+        settle(slot, &ran, result).await
+    }
+}

@@ -1,0 +1,38 @@
+//! The machine's PostgreSQL for tests: `IDEMKIT_POSTGRES_URL`, default the local server's
+//! `test` database. Tests live in their own schema (`idemkit_test`) and keys.
+#![allow(dead_code, unreachable_pub)]
+
+use idemkit_postgres::PgStore;
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+
+pub fn url() -> String {
+    std::env::var("IDEMKIT_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+/// A pool on the test database, or `None` (a skip) when it is down and `CI` is unset.
+pub async fn pool() -> Option<PgPool> {
+    let pool = PgPoolOptions::new()
+        .max_connections(8)
+        .test_before_acquire(false)
+        .acquire_timeout(std::time::Duration::from_secs(5))
+        .connect(&url())
+        .await;
+    if !idemkit_test::require_service(&format!("PostgreSQL at {}", url()), pool.is_ok()) {
+        return None;
+    }
+    Some(pool.expect("checked"))
+}
+
+/// A migrated store in `idemkit_test.records`.
+pub async fn store() -> Option<PgStore> {
+    let store = PgStore::builder()
+        .schema("idemkit_test")
+        .unwrap()
+        .table("records")
+        .unwrap()
+        .build(pool().await?);
+    store.migrate().await.expect("migrate");
+    Some(store)
+}
