@@ -36,3 +36,36 @@ pub async fn store() -> Option<PgStore> {
     store.migrate().await.expect("migrate");
     Some(store)
 }
+
+/// The ledger the scenario handlers write: one row per database effect.
+pub async fn ledger(pool: &PgPool) {
+    // Under a lock: concurrent `CREATE TABLE IF NOT EXISTS` can still collide.
+    sqlx::raw_sql(
+        "BEGIN;
+         SELECT pg_advisory_xact_lock(hashtext('idemkit_test.ledger'));
+         CREATE SCHEMA IF NOT EXISTS idemkit_test;
+         CREATE TABLE IF NOT EXISTS idemkit_test.ledger (
+             id bigserial PRIMARY KEY,
+             order_id text NOT NULL,
+             amount bigint NOT NULL DEFAULT 0
+         );
+         COMMIT;",
+    )
+    .execute(pool)
+    .await
+    .expect("ledger table");
+}
+
+/// How many ledger rows an order has.
+pub async fn ledger_rows(pool: &PgPool, order: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM idemkit_test.ledger WHERE order_id = $1")
+        .bind(order)
+        .fetch_one(pool)
+        .await
+        .expect("count")
+}
+
+/// A fresh order id.
+pub fn order(name: &str) -> String {
+    format!("{name}-{:x}", fastrand::u64(..))
+}

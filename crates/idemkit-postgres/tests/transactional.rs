@@ -1,0 +1,310 @@
+//! The transactional call: the database effect and its idempotency record commit or roll
+//! back together, and what a concurrent duplicate sees while the first transaction is open.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idemkit_core::{Coordinator, Error, InFlight, Key, Operation, Phase, Policy, Source, Store};
+use idemkit_postgres::{InTransaction, PgStore};
+use sqlx::PgConnection;
+
+async fn setup() -> Option<(PgStore, Coordinator<PgStore>)> {
+    let store = support::store().await?;
+    support::ledger(store.pool()).await;
+    let c = Coordinator::new(store.clone());
+    Some((store, c))
+}
+
+fn op() -> Operation {
+    Operation::new("ledger.credit").unwrap()
+}
+
+async fn credit(conn: &mut PgConnection, order: &str) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("INSERT INTO idemkit_test.ledger (order_id, amount) VALUES ($1, 100) RETURNING id")
+        .bind(order)
+        .fetch_one(conn)
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_committed_call_is_replayed_and_its_effect_written_once() {
+    let Some((store, c)) = setup().await else {
+        return;
+    };
+    let order = support::order("commit");
+    let key = Key::new(&order).unwrap();
+    let mut ids = Vec::new();
+    for delivery in 0..3 {
+        let mut tx = store.pool().begin().await.unwrap();
+        let o = order.clone();
+        let r = c
+            .call(&op(), &key)
+            .in_transaction(&mut tx)
+            .run(|conn, _| Box::pin(async move { credit(conn, &o).await }))
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(
+            r.source,
+            if delivery == 0 { Source::Fresh } else { Source::Replayed }
+        );
+        ids.push(r.value);
+    }
+    assert!(ids.iter().all(|&id| id == ids[0]), "{ids:?}");
+    assert_eq!(support::ledger_rows(store.pool(), &order).await, 1);
+    // An ordinary call replays the committed result too.
+    let plain = c
+        .call(&op(), &key)
+        .run(|_| async { Ok::<i64, std::io::Error>(-1) })
+        .await
+        .unwrap();
+    assert_eq!((plain.value, plain.source), (ids[0], Source::Replayed));
+}
+
+/// Rolled back after the call returned: neither the effect nor the record exists, and the
+/// next delivery (once the reservation's lease ends) runs the action again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolled_back_call_leaves_nothing_and_runs_again() {
+    let Some((store, _)) = setup().await else {
+        return;
+    };
+    let c = Coordinator::builder(store.clone())
+        .policy(Policy::default().lease(Duration::from_millis(300)))
+        .build();
+    let order = support::order("rollback");
+    let key = Key::new(&order).unwrap();
+    let mut tx = store.pool().begin().await.unwrap();
+    let o = order.clone();
+    let first = c
+        .call(&op(), &key)
+        .in_transaction(&mut tx)
+        .run(|conn, _| Box::pin(async move { credit(conn, &o).await }))
+        .await
+        .unwrap();
+    assert_eq!(first.source, Source::Fresh);
+    tx.rollback().await.unwrap();
+    assert_eq!(support::ledger_rows(store.pool(), &order).await, 0);
+
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let mut tx = store.pool().begin().await.unwrap();
+    let o = order.clone();
+    let second = c
+        .call(&op(), &key)
+        .in_transaction(&mut tx)
+        .run(|conn, _| Box::pin(async move { credit(conn, &o).await }))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(second.source, Source::Fresh);
+    assert_eq!(support::ledger_rows(store.pool(), &order).await, 1);
+}
+
+/// A crash mid-action (the task aborted, its transaction dropped): nothing commits, and the
+/// redelivery writes the effect once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_mid_action_commits_nothing_and_the_redelivery_runs_once() {
+    let Some((store, c)) = setup().await else {
+        return;
+    };
+    let order = support::order("crash");
+    let key = Key::new(&order).unwrap();
+    let (started_tx, started) = tokio::sync::oneshot::channel();
+    let task = {
+        let (store, c, order, key) = (store.clone(), c.clone(), order.clone(), key.clone());
+        tokio::spawn(async move {
+            let mut tx = store.pool().begin().await.unwrap();
+            let _ = c
+                .call(&op(), &key)
+                .in_transaction(&mut tx)
+                .run(|conn, _| {
+                    Box::pin(async move {
+                        credit(conn, &order).await?;
+                        let _ = started_tx.send(());
+                        std::future::pending::<()>().await;
+                        Ok::<i64, sqlx::Error>(0)
+                    })
+                })
+                .await;
+        })
+    };
+    started.await.unwrap();
+    task.abort();
+    let _ = task.await;
+    // The dropped call released its key; the dropped transaction rolled back.
+    let mut tx = store.pool().begin().await.unwrap();
+    let o = order.clone();
+    let r = c
+        .call(&op(), &key)
+        .in_transaction(&mut tx)
+        .run(|conn, _| Box::pin(async move { credit(conn, &o).await }))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(r.source, Source::Fresh);
+    assert_eq!(support::ledger_rows(store.pool(), &order).await, 1);
+}
+
+/// The action failed: its key is released and its transaction poisoned, so even a
+/// caller that commits anyway commits nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_action_error_poisons_the_transaction() {
+    let Some((store, c)) = setup().await else {
+        return;
+    };
+    let order = support::order("poison");
+    let key = Key::new(&order).unwrap();
+    let mut tx = store.pool().begin().await.unwrap();
+    let o = order.clone();
+    let r = c
+        .call(&op(), &key)
+        .in_transaction(&mut tx)
+        .run(|conn, _| {
+            Box::pin(async move {
+                credit(conn, &o).await?;
+                Err::<i64, sqlx::Error>(sqlx::Error::Protocol("downstream refused".into()))
+            })
+        })
+        .await;
+    assert!(matches!(r, Err(Error::Action(_))), "{r:?}");
+    // Committing anyway: PostgreSQL answers a COMMIT of a failed transaction with a rollback.
+    let _ = tx.commit().await;
+    assert_eq!(support::ledger_rows(store.pool(), &order).await, 0);
+    assert!(store.get(&idemkit_core::StorageKey::new(&op(), None, &key)).await.unwrap().is_none());
+}
+
+/// The action outlived its lease (renewals failing is simulated by a lease shorter than the
+/// action and a duplicate that takes the key over): the completion in the transaction is
+/// refused, the call fails with a Complete-phase store error, and the effect does not commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lease_fails_the_call_and_rolls_the_effect_back() {
+    let Some((store, _)) = setup().await else {
+        return;
+    };
+    let c = Coordinator::builder(store.clone())
+        .policy(Policy::default().lease(Duration::from_millis(200)).max_hold(Duration::from_millis(50)))
+        .build();
+    let order = support::order("lost");
+    let key = Key::new(&order).unwrap();
+    let mut tx = store.pool().begin().await.unwrap();
+    let o = order.clone();
+    let (c2, k2) = (c.clone(), key.clone());
+    let r = c
+        .call(&op(), &key)
+        .in_transaction(&mut tx)
+        .run(|conn, attempt| {
+            Box::pin(async move {
+                credit(conn, &o).await?;
+                // max_hold stops the renewals; once the lease is gone another delivery
+                // takes the key over.
+                attempt.lease_lost().await;
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                let taken = c2
+                    .call(&op(), &k2)
+                    .run(|_| async { Ok::<i64, std::io::Error>(-7) })
+                    .await
+                    .unwrap();
+                assert_eq!(taken.source, Source::Fresh);
+                Ok::<i64, sqlx::Error>(1)
+            })
+        })
+        .await;
+    assert!(
+        matches!(&r, Err(Error::Store { phase: Phase::Complete, source }) if source.is_lease_lost()),
+        "{r:?}"
+    );
+    let _ = tx.commit().await;
+    assert_eq!(support::ledger_rows(store.pool(), &order).await, 0);
+    let replay = c
+        .call(&op(), &key)
+        .run(|_| async { Ok::<i64, std::io::Error>(0) })
+        .await
+        .unwrap();
+    assert_eq!(replay.value, -7, "the successor's record stands");
+}
+
+/// While the first transaction is open, a concurrent duplicate in wait mode waits and, once
+/// the first commits, replays its value; in reject mode it is told to come back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_concurrent_duplicate_waits_for_the_commit_or_is_rejected() {
+    let Some((store, c)) = setup().await else {
+        return;
+    };
+    let order = support::order("dup");
+    let key = Key::new(&order).unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (in_action_tx, in_action) = tokio::sync::oneshot::channel();
+    let (go_tx, go) = tokio::sync::oneshot::channel::<()>();
+    let (committed_tx, committed) = tokio::sync::oneshot::channel();
+    let first = {
+        let (store, c, order, key, runs) = (store.clone(), c.clone(), order.clone(), key.clone(), runs.clone());
+        tokio::spawn(async move {
+            let mut tx = store.pool().begin().await.unwrap();
+            let r = c
+                .call(&op(), &key)
+                .in_transaction(&mut tx)
+                .run(|conn, _| {
+                    Box::pin(async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        let id = credit(conn, &order).await?;
+                        let _ = in_action_tx.send(());
+                        let _ = go.await;
+                        Ok::<i64, sqlx::Error>(id)
+                    })
+                })
+                .await
+                .unwrap();
+            // Still open after the call returned: the duplicate must not replay yet.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            tx.commit().await.unwrap();
+            let _ = committed_tx.send(());
+            r.value
+        })
+    };
+    in_action.await.unwrap();
+    let rejected = c
+        .call(&op(), &key)
+        .in_flight(InFlight::Reject)
+        .run(|_| async { Ok::<i64, std::io::Error>(-1) })
+        .await;
+    assert!(matches!(rejected, Err(Error::InFlight { .. })), "{rejected:?}");
+    let waiter = {
+        let (c, key, runs) = (c.clone(), key.clone(), runs.clone());
+        tokio::spawn(async move {
+            let r = c
+                .call(&op(), &key)
+                .in_flight(InFlight::Wait)
+                .run(|_| async {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<i64, std::io::Error>(-1)
+                })
+                .await
+                .unwrap();
+            r
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    go_tx.send(()).unwrap();
+    let id = first.await.unwrap();
+    committed.await.unwrap();
+    let r = waiter.await.unwrap();
+    assert_eq!((r.value, r.source), (id, Source::Replayed));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(support::ledger_rows(store.pool(), &order).await, 1);
+}
+
+#[test]
+fn the_transactional_call_future_is_send() {
+    fn is_send<T: Send>(_: &T) {}
+    async fn f(c: Coordinator<PgStore>, mut tx: sqlx::Transaction<'static, sqlx::Postgres>) {
+        let (op, key) = (op(), Key::new("k").unwrap());
+        let _ = c
+            .call(&op, &key)
+            .in_transaction(&mut tx)
+            .run(|conn, _| Box::pin(async move { credit(conn, "x").await }))
+            .await;
+    }
+    let _ = |c, tx| is_send(&f(c, tx));
+}
