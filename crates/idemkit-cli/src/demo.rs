@@ -39,7 +39,7 @@ pub struct Job {
 
 /// A mailer that counts what it really sends; receipts are `em_1`, `em_2`...
 #[derive(Debug, Clone, Default)]
-struct Mailer {
+pub(crate) struct Mailer {
     sent: Arc<AtomicUsize>,
     delay: Duration,
 }
@@ -52,7 +52,7 @@ impl Mailer {
         }
     }
 
-    async fn send_invoice(&self, _order_id: u32) -> Result<String, Infallible> {
+    pub(crate) async fn send_invoice(&self, _order_id: u32) -> Result<String, Infallible> {
         let n = self.sent.fetch_add(1, Ordering::SeqCst) + 1;
         if !self.delay.is_zero() {
             tokio::time::sleep(self.delay).await;
@@ -60,7 +60,7 @@ impl Mailer {
         Ok(format!("em_{n}"))
     }
 
-    fn sent(&self) -> usize {
+    pub(crate) fn sent(&self) -> usize {
         self.sent.load(Ordering::SeqCst)
     }
 }

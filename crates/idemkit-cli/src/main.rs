@@ -3,6 +3,7 @@
 //! Run with: `cargo run --release --bin idemkit -- demo`
 
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use clap::{Parser, Subcommand};
 use idemkit_core::MemoryStore;
@@ -20,10 +21,11 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the seed's three experiments and print their tables.
+    /// Run the seed's three experiments and the consumer experiment, and print their tables.
     Demo {
-        /// Where records live: `memory` (in-process) or a `redis://` URL. On Redis each run
-        /// uses its own key prefix, and its records expire with their TTL (one hour).
+        /// Where records live: `memory` (in-process), a `redis://` URL or a `postgres://` URL.
+        /// On Redis each run uses its own key prefix, and its records expire with their TTL
+        /// (one hour); on PostgreSQL each run uses its own schema, dropped at the end.
         #[arg(long, default_value = "memory")]
         store: String,
     },
@@ -53,37 +55,99 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Demo { store } => match store.as_str() {
-            "memory" => {
-                let report = runtime.block_on(idemkit_cli::demo::run(MemoryStore::new));
-                print!("{report}");
+            "memory" => runtime.block_on(async {
+                let report = idemkit_cli::demo::run(MemoryStore::new).await;
+                let db = idemkit_cli::consumer::MemoryDb::default();
+                let consumer = idemkit_cli::consumer::run(&db, MemoryStore::new).await;
+                print!("{report}\n{consumer}");
                 ExitCode::SUCCESS
-            }
+            }),
             url if url.starts_with("redis://") || url.starts_with("rediss://") => {
-                runtime.block_on(async {
-                    let store = match idemkit_redis::RedisStore::connect(url).await {
-                        Ok(store) => store,
-                        Err(e) => {
-                            eprintln!("idemkit: cannot connect to {url}: {e}");
-                            return ExitCode::FAILURE;
-                        }
-                    };
-                    let run = format!("idemkit-demo:{:016x}", std::process::id() as u64 ^ nanos());
-                    let row = std::sync::atomic::AtomicUsize::new(0);
-                    let report = idemkit_cli::demo::run(|| {
-                        let n = row.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        store.with_prefix(format!("{run}:{n}"))
-                    })
-                    .await;
-                    print!("{report}");
-                    ExitCode::SUCCESS
-                })
+                runtime.block_on(demo_on_redis(url))
+            }
+            url if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+                runtime.block_on(demo_on_postgres(url))
             }
             other => {
                 eprintln!(
-                    "idemkit: unsupported store {other:?}; supported: memory, redis://HOST:PORT"
+                    "idemkit: unsupported store {other:?}; supported: memory, redis://HOST:PORT, postgres://USER@HOST/DB"
                 );
                 ExitCode::from(2)
             }
         },
+    }
+}
+
+/// A store per experiment row: the same server, a key prefix per row.
+async fn demo_on_redis(url: &str) -> ExitCode {
+    let store = match idemkit_redis::RedisStore::connect(url).await {
+        Ok(store) => store,
+        Err(e) => {
+            eprintln!("idemkit: cannot connect to {url}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let run = format!("idemkit-demo:{:016x}", std::process::id() as u64 ^ nanos());
+    let row = AtomicUsize::new(0);
+    let next = || {
+        let n = row.fetch_add(1, Ordering::Relaxed);
+        store.with_prefix(format!("{run}:{n}"))
+    };
+    let report = idemkit_cli::demo::run(&next).await;
+    let db = idemkit_cli::consumer::MemoryDb::default();
+    let consumer = idemkit_cli::consumer::run(&db, &next).await;
+    print!("{report}\n{consumer}");
+    ExitCode::SUCCESS
+}
+
+/// A table per experiment row, in a schema of this run's own (dropped at the end); experiment
+/// 4's ledger and inbox are real tables there.
+async fn demo_on_postgres(url: &str) -> ExitCode {
+    use idemkit_postgres::PgStore;
+    let pool = match sqlx::postgres::PgPoolOptions::new()
+        .max_connections(8)
+        .test_before_acquire(false)
+        .acquire_timeout(std::time::Duration::from_secs(5))
+        .connect(url)
+        .await
+    {
+        Ok(pool) => pool,
+        Err(e) => {
+            eprintln!("idemkit: cannot connect to {url}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let schema = format!("idemkit_demo_{:016x}", std::process::id() as u64 ^ nanos());
+    let result: Result<_, Box<dyn std::error::Error>> = async {
+        // The demo's rows (7) and experiment 4's handlers (5), each on its own table.
+        let mut stores = Vec::new();
+        for n in 0..12 {
+            let store = PgStore::builder()
+                .schema(&schema)?
+                .table(&format!("records_{n}"))?
+                .build(pool.clone());
+            store.migrate().await?;
+            stores.push(store);
+        }
+        let db = idemkit_cli::postgres::PgDb::create(pool.clone(), &schema).await?;
+        let row = AtomicUsize::new(0);
+        let next = || stores[row.fetch_add(1, Ordering::Relaxed) % stores.len()].clone();
+        let report = idemkit_cli::demo::run(&next).await;
+        let consumer = idemkit_cli::consumer::run(&db, &next).await;
+        Ok((report, consumer))
+    }
+    .await;
+    let _ = sqlx::query(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+        .execute(&pool)
+        .await;
+    match result {
+        Ok((report, consumer)) => {
+            print!("{report}\n{consumer}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("idemkit: the demo failed on {url}: {e}");
+            ExitCode::FAILURE
+        }
     }
 }

@@ -25,6 +25,11 @@ fn assert_tables(out: Output) {
         "key = 'order-9:invoice': the same two jobs   -> mails sent=1",
         "key = 'order-9.invoice': the same two jobs   -> mails sent=1",
         "key = '' (order id field missing)            -> mails sent=0  dead-lettered=2",
+        "plain handler                            ledger rows=3  mails sent=2",
+        "inbox only                               ledger rows=1  mails sent=2",
+        "inbox, return early on a duplicate       ledger rows=1  mails sent=0",
+        "key on the email only                    ledger rows=3  mails sent=1",
+        "inbox + key, email on every delivery     ledger rows=1  mails sent=1",
     ] {
         assert!(text.contains(line), "missing {line:?} in:\n{text}");
     }
@@ -43,6 +48,29 @@ fn demo_on_redis_prints_the_same_tables() {
     if idemkit_test::require_service(&format!("redis at {url}"), up) {
         assert_tables(idemkit(&["demo", "--store", &url]));
     }
+}
+
+#[test]
+fn demo_on_postgres_prints_the_same_tables_with_real_tables_for_experiment_4() {
+    let url = std::env::var("IDEMKIT_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let up = std::net::TcpStream::connect("127.0.0.1:5432").is_ok();
+    if idemkit_test::require_service(&format!("PostgreSQL at {url}"), up) {
+        let out = idemkit(&["demo", "--store", &url]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            text.contains("(database: PostgreSQL, tables ledger and idemkit_demo_"),
+            "{text}"
+        );
+        assert_tables(out);
+    }
+}
+
+#[test]
+fn an_unreachable_postgres_is_a_clear_failure() {
+    let out = idemkit(&["demo", "--store", "postgres://postgres@127.0.0.1:1/test"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot connect"));
 }
 
 #[test]

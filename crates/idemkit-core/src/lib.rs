@@ -59,9 +59,7 @@ pub mod record;
 pub mod store;
 
 pub use codec::{BytesCodec, Codec, JsonCodec};
-pub use coordinator::{
-    Attempt, Call, Completer, Coordinator, CoordinatorBuilder, Receipt, Source,
-};
+pub use coordinator::{Attempt, Call, Completer, Coordinator, CoordinatorBuilder, Receipt, Source};
 pub use dynamic::DynStore;
 pub use error::{Disposition, Error, ErrorKind, Phase};
 pub use fingerprint::Fingerprint;

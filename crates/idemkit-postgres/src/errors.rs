@@ -2,8 +2,8 @@
 
 use bytes::Bytes;
 use idemkit_core::{
-    FencingToken, Fingerprint, OwnerToken, Record, RecordState, ResultKind, StorageKey,
-    StoreError, StoreErrorKind, StoredResult,
+    FencingToken, Fingerprint, OwnerToken, Record, RecordState, ResultKind, StorageKey, StoreError,
+    StoreErrorKind, StoredResult,
 };
 
 use crate::names::Table;
@@ -33,7 +33,8 @@ pub(crate) fn map_err(e: sqlx::Error, table: &Table, migrate: &str) -> StoreErro
                     || c == "40001" // serialization failure
                     || c == "40P01" // deadlock detected
                     || c == "55P03" // lock not available
-                    || c == "25006" => // read-only transaction (a standby after a failover)
+                    || c == "25006" =>
+                // read-only transaction (a standby after a failover)
                 {
                     StoreError::unavailable(e)
                 }
@@ -123,7 +124,9 @@ impl Row {
                     .and_then(|k| u8::try_from(k).ok())
                     .and_then(ResultKind::from_byte)
                     .ok_or_else(|| bad("result kind"))?;
-                let bytes = self.result.ok_or_else(|| bad("completed without a result"))?;
+                let bytes = self
+                    .result
+                    .ok_or_else(|| bad("completed without a result"))?;
                 Ok(Checked::Completed {
                     owner,
                     fencing,

@@ -4,8 +4,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use idemkit_core::{
-    Attempt, Call, Codec, Disposition, Error, Key, KeyError, Operation, Receipt, Store,
-    StoreError,
+    Attempt, Call, Codec, Disposition, Error, Key, KeyError, Operation, Receipt, Store, StoreError,
 };
 use sqlx::{PgConnection, PgPool};
 

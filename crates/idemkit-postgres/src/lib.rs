@@ -20,7 +20,7 @@ mod store;
 mod tx;
 mod wake;
 
+pub use inbox::{DeliverError, Delivered, Inbox, InboxError, Seen};
 pub use names::{MAX_NAME_LEN, NameError};
 pub use store::{PgStore, PgStoreBuilder, Purger};
 pub use tx::{InTransaction, TxCall, TxFuture};
-pub use inbox::{DeliverError, Delivered, Inbox, InboxError, Seen};

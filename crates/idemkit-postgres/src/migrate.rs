@@ -48,8 +48,9 @@ async fn apply_on(
              PRIMARY KEY (name, version)
          );"
     );
-    let applied_sql =
-        format!("SELECT coalesce(max(version), 0) FROM \"{schema}\".idemkit_migrations WHERE name = $1");
+    let applied_sql = format!(
+        "SELECT coalesce(max(version), 0) FROM \"{schema}\".idemkit_migrations WHERE name = $1"
+    );
     let record_sql =
         format!("INSERT INTO \"{schema}\".idemkit_migrations (name, version) VALUES ($1, $2)");
     sqlx::query("SELECT pg_advisory_xact_lock(hashtext('idemkit.migrate'))")

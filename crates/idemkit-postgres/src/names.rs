@@ -13,7 +13,9 @@ use std::fmt;
 /// assert!(err.to_string().contains("Records; DROP"));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid {what} name {name:?}: use 1 to {MAX_NAME_LEN} of a-z, 0-9 and _, not starting with a digit")]
+#[error(
+    "invalid {what} name {name:?}: use 1 to {MAX_NAME_LEN} of a-z, 0-9 and _, not starting with a digit"
+)]
 pub struct NameError {
     what: &'static str,
     name: String,

@@ -322,8 +322,12 @@ impl PgStore {
                 tick.tick().await;
                 match store.purge_expired(batch).await {
                     Ok(0) => {}
-                    Ok(n) => tracing::info!(table = %store.inner.table, purged = n, "purged expired idemkit records"),
-                    Err(e) => tracing::warn!(table = %store.inner.table, error = %e, "purging expired idemkit records failed; retrying at the next tick"),
+                    Ok(n) => {
+                        tracing::info!(table = %store.inner.table, purged = n, "purged expired idemkit records")
+                    }
+                    Err(e) => {
+                        tracing::warn!(table = %store.inner.table, error = %e, "purging expired idemkit records failed; retrying at the next tick")
+                    }
                 }
             }
         });
@@ -481,12 +485,10 @@ impl Store for PgStore {
                     fencing, result, ..
                 } => Claim::Replay(Replay::new(fencing, result)),
                 // Ours already: this begin was sent twice.
-                Checked::Reserved { owner, fencing, .. } if owner == req.owner => {
-                    Claim::Reserved {
-                        ownership: Ownership::new(owner, fencing),
-                        took_over: false,
-                    }
-                }
+                Checked::Reserved { owner, fencing, .. } if owner == req.owner => Claim::Reserved {
+                    ownership: Ownership::new(owner, fencing),
+                    took_over: false,
+                },
                 Checked::Reserved { fencing, .. } => Claim::InFlight {
                     retry_after: duration_us(left_us),
                     fencing,
@@ -613,7 +615,12 @@ impl Store for PgStore {
 /// 0, the bytes in `result`) that every call reports as `Corrupt` until it expires or is
 /// purged, like foreign bytes under a Redis key.
 impl RawStore for PgStore {
-    async fn put_raw(&self, key: &StorageKey, bytes: Bytes, ttl: Duration) -> Result<(), StoreError> {
+    async fn put_raw(
+        &self,
+        key: &StorageKey,
+        bytes: Bytes,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
         let q = sqlx::query(&self.inner.sql.put_raw).bind(key.as_str());
         let q = match Record::decode(&bytes) {
             Ok(r) => {
@@ -645,9 +652,7 @@ impl RawStore for PgStore {
                 .bind(None::<i16>)
                 .bind(Some(bytes.to_vec())),
         };
-        q.execute(&self.inner.pool)
-            .await
-            .map_err(|e| self.err(e))?;
+        q.execute(&self.inner.pool).await.map_err(|e| self.err(e))?;
         Ok(())
     }
 

@@ -32,7 +32,10 @@ pub trait InTransaction<'a, C>: Sized {
 
 impl<'a, C> InTransaction<'a, C> for Call<'a, PgStore, C> {
     fn in_transaction<'c, 'x>(self, tx: &'c mut Transaction<'x, Postgres>) -> TxCall<'a, 'c, C> {
-        TxCall { call: self, conn: tx }
+        TxCall {
+            call: self,
+            conn: tx,
+        }
     }
 }
 
@@ -150,16 +153,17 @@ async fn settle<T, E>(
     result: Result<Receipt<T>, Error<E>>,
 ) -> Result<Receipt<T>, Error<E>> {
     let keep = matches!(result, Ok(_) | Err(Error::ActionStored(_)));
-    if ran.load(Ordering::SeqCst) && !keep {
-        if let Some(conn) = slot.into_inner().unwrap_or_else(PoisonError::into_inner) {
-            // Fails by design; its error is the point.
-            let _ = conn
-                .execute(
-                    "DO $$ BEGIN RAISE EXCEPTION 'idemkit: the idempotent call failed after its \
-                     action ran; this transaction must roll back'; END $$",
-                )
-                .await;
-        }
+    if ran.load(Ordering::SeqCst)
+        && !keep
+        && let Some(conn) = slot.into_inner().unwrap_or_else(PoisonError::into_inner)
+    {
+        // Fails by design; its error is the point.
+        let _ = conn
+            .execute(
+                "DO $$ BEGIN RAISE EXCEPTION 'idemkit: the idempotent call failed after its \
+                 action ran; this transaction must roll back'; END $$",
+            )
+            .await;
     }
     result
 }
@@ -185,10 +189,7 @@ impl<C> TxCall<'_, '_, C> {
         let store = self.call.store().clone();
         let slot = Mutex::new(Some(self.conn));
         let ran = AtomicBool::new(false);
-        let completer = InTx {
-            store,
-            slot: &slot,
-        };
+        let completer = InTx { store, slot: &slot };
         let result = self
             .call
             .run_completing(completer, |attempt| act(&slot, &ran, action, attempt))
@@ -219,10 +220,7 @@ impl<C> TxCall<'_, '_, C> {
         let store = self.call.store().clone();
         let slot = Mutex::new(Some(self.conn));
         let ran = AtomicBool::new(false);
-        let completer = InTx {
-            store,
-            slot: &slot,
-        };
+        let completer = InTx { store, slot: &slot };
         let result = self
             .call
             .run_storing_errors_completing(completer, is_permanent, |attempt| {

@@ -24,11 +24,7 @@ pub(crate) struct Waiters {
 impl Waiters {
     /// Registers interest in `key` until the returned guard drops.
     pub(crate) fn register(self: &Arc<Self>, key: &str) -> Registration {
-        let notify = self
-            .lock()
-            .entry(key.to_owned())
-            .or_default()
-            .clone();
+        let notify = self.lock().entry(key.to_owned()).or_default().clone();
         Registration {
             waiters: self.clone(),
             key: key.to_owned(),

@@ -76,7 +76,10 @@ impl<S: Store> Service<S> {
     async fn handle(&self, message_id: &str, order: &str, p: Protections, crash: Crash) {
         let mut tx = self.pool.begin().await.unwrap();
         let seen = if p.inbox {
-            self.inbox.claim(&mut tx, "billing", message_id).await.unwrap()
+            self.inbox
+                .claim(&mut tx, "billing", message_id)
+                .await
+                .unwrap()
         } else {
             Seen::New
         };
@@ -112,12 +115,16 @@ impl<S: Store> Service<S> {
 
     /// (ledger rows, emails) for an order.
     async fn counts(&self, order: &str) -> (i64, usize) {
-        (support::ledger_rows(&self.pool, order).await, self.mailer.sent())
+        (
+            support::ledger_rows(&self.pool, order).await,
+            self.mailer.sent(),
+        )
     }
 }
 
 async fn redis() -> Option<RedisStore> {
-    let url = std::env::var("IDEMKIT_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let url =
+        std::env::var("IDEMKIT_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
     let store = RedisStore::builder()
         .prefix(format!("idemkit-consumer-{:x}", fastrand::u64(..)))
         .connect(&url)
@@ -262,8 +269,13 @@ async fn deliver_sends_the_email_after_a_crash_between_commit_and_email() {
         let sent_before = svc.mailer.sent();
         // Delivery 1: commits, then dies before the email goes out.
         let first = {
-            let (svc, message, order, key, op) =
-                (svc.clone(), message.clone(), order.clone(), key.clone(), op.clone());
+            let (svc, message, order, key, op) = (
+                svc.clone(),
+                message.clone(),
+                order.clone(),
+                key.clone(),
+                op.clone(),
+            );
             tokio::spawn(async move {
                 let o = order.clone();
                 let _ = svc
@@ -274,11 +286,13 @@ async fn deliver_sends_the_email_after_a_crash_between_commit_and_email() {
                         &message,
                         move |conn| {
                             Box::pin(async move {
-                                sqlx::query("INSERT INTO idemkit_test.ledger (order_id) VALUES ($1)")
-                                    .bind(&o)
-                                    .execute(conn)
-                                    .await
-                                    .map(drop)
+                                sqlx::query(
+                                    "INSERT INTO idemkit_test.ledger (order_id) VALUES ($1)",
+                                )
+                                .bind(&o)
+                                .execute(conn)
+                                .await
+                                .map(drop)
                             })
                         },
                         svc.keys.call(&op, &key),
@@ -318,7 +332,14 @@ async fn deliver_sends_the_email_after_a_crash_between_commit_and_email() {
                         })
                     },
                     svc.keys.call(&op, &key).in_flight(InFlight::Wait),
-                    |_| async { Ok::<_, sqlx::Error>(svc.mailer.send(Duration::ZERO).await.unwrap_or_else(|e: Infallible| match e {})) },
+                    |_| async {
+                        Ok::<_, sqlx::Error>(
+                            svc.mailer
+                                .send(Duration::ZERO)
+                                .await
+                                .unwrap_or_else(|e: Infallible| match e {}),
+                        )
+                    },
                 )
                 .await
                 .unwrap();
@@ -340,7 +361,11 @@ async fn deliver_sends_the_email_after_a_crash_between_commit_and_email() {
         }
         let emails = svc.mailer.sent() - sent_before;
         assert_eq!(support::ledger_rows(&pool, &order).await, 1);
-        assert_eq!(emails, if early_return { 0 } else { 1 }, "early_return={early_return}");
+        assert_eq!(
+            emails,
+            if early_return { 0 } else { 1 },
+            "early_return={early_return}"
+        );
     }
 }
 
@@ -354,9 +379,17 @@ async fn inbox_bad_ids_and_a_failed_effect_leave_nothing() {
     let inbox = Inbox::new().schema("idemkit_test").unwrap();
     inbox.migrate(&pool).await.unwrap();
     let mut tx = pool.begin().await.unwrap();
-    for (consumer, message) in [("", "m"), ("billing", ""), ("billing", "   "), ("bad consumer!", "m")] {
+    for (consumer, message) in [
+        ("", "m"),
+        ("billing", ""),
+        ("billing", "   "),
+        ("bad consumer!", "m"),
+    ] {
         let err = inbox.claim(&mut tx, consumer, message).await.unwrap_err();
-        assert!(matches!(err, idemkit_postgres::InboxError::InvalidId(_)), "{err}");
+        assert!(
+            matches!(err, idemkit_postgres::InboxError::InvalidId(_)),
+            "{err}"
+        );
     }
     let long = "m".repeat(idemkit_core::ident::MAX_KEY_LEN + 1);
     assert!(matches!(
@@ -369,7 +402,10 @@ async fn inbox_bad_ids_and_a_failed_effect_leave_nothing() {
         return;
     };
     let c = Coordinator::new(keys);
-    let (op, key) = (Operation::new("mail.invoice").unwrap(), Key::new(support::order("k")).unwrap());
+    let (op, key) = (
+        Operation::new("mail.invoice").unwrap(),
+        Key::new(support::order("k")).unwrap(),
+    );
     let message = support::order("failing");
     let failed = inbox
         .deliver(
@@ -381,8 +417,16 @@ async fn inbox_bad_ids_and_a_failed_effect_leave_nothing() {
             |_| async { Ok::<_, &str>(1) },
         )
         .await;
-    assert!(matches!(failed, Err(idemkit_postgres::DeliverError::Database("ledger constraint"))));
+    assert!(matches!(
+        failed,
+        Err(idemkit_postgres::DeliverError::Database(
+            "ledger constraint"
+        ))
+    ));
     let mut tx = pool.begin().await.unwrap();
-    assert_eq!(inbox.claim(&mut tx, "billing", &message).await.unwrap(), Seen::New);
+    assert_eq!(
+        inbox.claim(&mut tx, "billing", &message).await.unwrap(),
+        Seen::New
+    );
     tx.rollback().await.unwrap();
 }

@@ -91,7 +91,11 @@ async fn waiters_are_woken_by_notify_through_one_listening_connection() {
             .unwrap()
             .unwrap();
     }
-    assert_eq!(store.waiting_keys(), 0, "finished waits leave no registration");
+    assert_eq!(
+        store.waiting_keys(),
+        0,
+        "finished waits leave no registration"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -108,7 +112,11 @@ async fn a_release_wakes_the_waiter_and_a_cancelled_wait_leaves_nothing() {
     )
     .await;
     assert!(cancelled.is_err(), "the wait should still be waiting");
-    assert_eq!(store.waiting_keys(), 0, "the cancelled waiter is still registered");
+    assert_eq!(
+        store.waiting_keys(),
+        0,
+        "the cancelled waiter is still registered"
+    );
     let waiter = {
         let (store, k) = (store.clone(), k.clone());
         tokio::spawn(async move { store.wait(&k, lease.fencing, Duration::from_secs(60)).await })
@@ -133,13 +141,20 @@ async fn a_missing_table_is_an_error_that_names_the_migration() {
         .build(pool);
     let k = key("missing");
     let err = store
-        .begin(&BeginRequest::new(&k, OwnerToken::random(), Duration::from_secs(5)))
+        .begin(&BeginRequest::new(
+            &k,
+            OwnerToken::random(),
+            Duration::from_secs(5),
+        ))
         .await
         .unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Rejected);
     let text = err.to_string();
     assert!(text.contains("PgStore::migrate()"), "{text}");
-    assert!(text.contains("idemkit_never_migrated.idemkit_records"), "{text}");
+    assert!(
+        text.contains("idemkit_never_migrated.idemkit_records"),
+        "{text}"
+    );
     // And through the coordinator: a typed error, the action never runs.
     let c = idemkit_core::Coordinator::new(store);
     let (op, k) = (Operation::new("op").unwrap(), Key::new("k").unwrap());
@@ -168,14 +183,24 @@ async fn foreign_rows_are_corrupt_not_a_panic() {
     let insert = "INSERT INTO idemkit_test.records \
         (key, version, state, owner, fencing, fingerprint, created_at, expires_at, kind, result) \
         VALUES ($1, $2, $3, $4, $5, $6, now(), now() + interval '1 hour', $7, $8)";
-    let rows: &[(i16, i16, Vec<u8>, i64, Option<Vec<u8>>, Option<i16>, Option<Vec<u8>>)] = &[
-        (2, 1, vec![1; 16], 1, None, None, None),              // a future version
-        (1, 9, vec![1; 16], 1, None, None, None),              // an unknown state
-        (1, 1, vec![1; 3], 1, None, None, None),               // a short owner
-        (1, 1, vec![1; 16], -5, None, None, None),             // a negative fencing token
-        (1, 1, vec![1; 16], 1, Some(vec![0; 2]), None, None),  // a short fingerprint
-        (1, 2, vec![1; 16], 1, None, Some(7), Some(vec![1])),  // an unknown result kind
-        (1, 2, vec![1; 16], 1, None, Some(1), None),           // completed without a result
+    // version, state, owner, fencing, fingerprint, kind, result
+    type Columns = (
+        i16,
+        i16,
+        Vec<u8>,
+        i64,
+        Option<Vec<u8>>,
+        Option<i16>,
+        Option<Vec<u8>>,
+    );
+    let rows: &[Columns] = &[
+        (2, 1, vec![1; 16], 1, None, None, None), // a future version
+        (1, 9, vec![1; 16], 1, None, None, None), // an unknown state
+        (1, 1, vec![1; 3], 1, None, None, None),  // a short owner
+        (1, 1, vec![1; 16], -5, None, None, None), // a negative fencing token
+        (1, 1, vec![1; 16], 1, Some(vec![0; 2]), None, None), // a short fingerprint
+        (1, 2, vec![1; 16], 1, None, Some(7), Some(vec![1])), // an unknown result kind
+        (1, 2, vec![1; 16], 1, None, Some(1), None), // completed without a result
     ];
     for (version, state, owner, fencing, fp, kind, result) in rows {
         let k = key("foreign");
@@ -192,19 +217,27 @@ async fn foreign_rows_are_corrupt_not_a_panic() {
             .await
             .unwrap();
         let begin = store
-            .begin(&BeginRequest::new(&k, OwnerToken::random(), Duration::from_secs(5)))
+            .begin(&BeginRequest::new(
+                &k,
+                OwnerToken::random(),
+                Duration::from_secs(5),
+            ))
             .await;
         assert_eq!(
             begin.as_ref().map_err(|e| e.kind()).unwrap_err(),
             StoreErrorKind::Corrupt,
             "{version} {state}: {begin:?}"
         );
-        assert_eq!(store.get(&k).await.unwrap_err().kind(), StoreErrorKind::Corrupt);
-        let still: i16 = sqlx::query_scalar("SELECT version FROM idemkit_test.records WHERE key = $1")
-            .bind(k.as_str())
-            .fetch_one(store.pool())
-            .await
-            .unwrap();
+        assert_eq!(
+            store.get(&k).await.unwrap_err().kind(),
+            StoreErrorKind::Corrupt
+        );
+        let still: i16 =
+            sqlx::query_scalar("SELECT version FROM idemkit_test.records WHERE key = $1")
+                .bind(k.as_str())
+                .fetch_one(store.pool())
+                .await
+                .unwrap();
         assert_eq!(still, *version, "the foreign row was overwritten");
         assert!(store.purge(&k).await.unwrap());
     }
@@ -236,7 +269,12 @@ async fn purge_expired_removes_only_expired_rows_in_batches() {
         .build(pool.clone());
     store.migrate().await.unwrap();
     for i in 0..7 {
-        reserve(&store, &key(&format!("short{i}")), Duration::from_millis(20)).await;
+        reserve(
+            &store,
+            &key(&format!("short{i}")),
+            Duration::from_millis(20),
+        )
+        .await;
     }
     let live = key("long");
     reserve(&store, &live, Duration::from_secs(60)).await;
@@ -263,7 +301,10 @@ async fn purge_expired_removes_only_expired_rows_in_batches() {
         }
     }
     drop(purger);
-    assert_eq!(left, 1, "the background purger did not remove the expired row");
+    assert_eq!(
+        left, 1,
+        "the background purger did not remove the expired row"
+    );
     sqlx::query(&format!("DROP TABLE idemkit_test.{table}"))
         .execute(&pool)
         .await
@@ -295,7 +336,14 @@ async fn migrate_is_idempotent_and_concurrent_calls_agree() {
 
 #[test]
 fn invalid_names_are_refused_before_any_sql() {
-    for bad in ["", "Upper", "semi;colon", "quote\"d", "9lives", &"x".repeat(31)] {
+    for bad in [
+        "",
+        "Upper",
+        "semi;colon",
+        "quote\"d",
+        "9lives",
+        &"x".repeat(31),
+    ] {
         assert!(PgStore::builder().table(bad).is_err(), "{bad}");
         assert!(PgStore::builder().schema(bad).is_err(), "{bad}");
     }

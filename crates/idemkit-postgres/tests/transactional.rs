@@ -23,10 +23,12 @@ fn op() -> Operation {
 }
 
 async fn credit(conn: &mut PgConnection, order: &str) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar("INSERT INTO idemkit_test.ledger (order_id, amount) VALUES ($1, 100) RETURNING id")
-        .bind(order)
-        .fetch_one(conn)
-        .await
+    sqlx::query_scalar(
+        "INSERT INTO idemkit_test.ledger (order_id, amount) VALUES ($1, 100) RETURNING id",
+    )
+    .bind(order)
+    .fetch_one(conn)
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -49,7 +51,11 @@ async fn a_committed_call_is_replayed_and_its_effect_written_once() {
         tx.commit().await.unwrap();
         assert_eq!(
             r.source,
-            if delivery == 0 { Source::Fresh } else { Source::Replayed }
+            if delivery == 0 {
+                Source::Fresh
+            } else {
+                Source::Replayed
+            }
         );
         ids.push(r.value);
     }
@@ -172,7 +178,13 @@ async fn an_action_error_poisons_the_transaction() {
     // Committing anyway: PostgreSQL answers a COMMIT of a failed transaction with a rollback.
     let _ = tx.commit().await;
     assert_eq!(support::ledger_rows(store.pool(), &order).await, 0);
-    assert!(store.get(&idemkit_core::StorageKey::new(&op(), None, &key)).await.unwrap().is_none());
+    assert!(
+        store
+            .get(&idemkit_core::StorageKey::new(&op(), None, &key))
+            .await
+            .unwrap()
+            .is_none()
+    );
 }
 
 /// The action outlived its lease (renewals failing is simulated by a lease shorter than the
@@ -184,7 +196,11 @@ async fn a_lost_lease_fails_the_call_and_rolls_the_effect_back() {
         return;
     };
     let c = Coordinator::builder(store.clone())
-        .policy(Policy::default().lease(Duration::from_millis(200)).max_hold(Duration::from_millis(50)))
+        .policy(
+            Policy::default()
+                .lease(Duration::from_millis(200))
+                .max_hold(Duration::from_millis(50)),
+        )
         .build();
     let order = support::order("lost");
     let key = Key::new(&order).unwrap();
@@ -239,7 +255,13 @@ async fn a_concurrent_duplicate_waits_for_the_commit_or_is_rejected() {
     let (go_tx, go) = tokio::sync::oneshot::channel::<()>();
     let (committed_tx, committed) = tokio::sync::oneshot::channel();
     let first = {
-        let (store, c, order, key, runs) = (store.clone(), c.clone(), order.clone(), key.clone(), runs.clone());
+        let (store, c, order, key, runs) = (
+            store.clone(),
+            c.clone(),
+            order.clone(),
+            key.clone(),
+            runs.clone(),
+        );
         tokio::spawn(async move {
             let mut tx = store.pool().begin().await.unwrap();
             let r = c
@@ -269,20 +291,21 @@ async fn a_concurrent_duplicate_waits_for_the_commit_or_is_rejected() {
         .in_flight(InFlight::Reject)
         .run(|_| async { Ok::<i64, std::io::Error>(-1) })
         .await;
-    assert!(matches!(rejected, Err(Error::InFlight { .. })), "{rejected:?}");
+    assert!(
+        matches!(rejected, Err(Error::InFlight { .. })),
+        "{rejected:?}"
+    );
     let waiter = {
         let (c, key, runs) = (c.clone(), key.clone(), runs.clone());
         tokio::spawn(async move {
-            let r = c
-                .call(&op(), &key)
+            c.call(&op(), &key)
                 .in_flight(InFlight::Wait)
                 .run(|_| async {
                     runs.fetch_add(1, Ordering::SeqCst);
                     Ok::<i64, std::io::Error>(-1)
                 })
                 .await
-                .unwrap();
-            r
+                .unwrap()
         })
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
