@@ -298,7 +298,8 @@ impl<'a, S: Store, C> Call<'a, S, C> {
     /// # use idemkit_core::{Coordinator, Key, MemoryStore, Operation};
     /// # let c = Coordinator::new(MemoryStore::new());
     /// # let (op, key) = (Operation::new("op")?, Key::new("k")?);
-    /// let store: &MemoryStore = c.call(&op, &key).store();
+    /// let call = c.call(&op, &key);
+    /// let store: &MemoryStore = call.store();
     /// # let _ = store;
     /// # Ok::<(), idemkit_core::KeyError>(())
     /// ```

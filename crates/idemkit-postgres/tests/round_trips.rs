@@ -1,0 +1,109 @@
+//! Statements per call, counted as sqlx sends them (one `sqlx::query` event per statement
+//! executed): a hit is one statement, a miss two, a transactional miss two (its begin on the
+//! pool, its completion in the caller's transaction). The benchmark counts the same on the
+//! server, from its statement log.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use idemkit_core::{Coordinator, Key, Operation, Source};
+use idemkit_postgres::InTransaction;
+use tracing_subscriber::Layer;
+use tracing_subscriber::layer::{Context, SubscriberExt};
+
+#[derive(Clone, Default)]
+struct Statements(Arc<AtomicUsize>);
+
+impl<S: tracing::Subscriber> Layer<S> for Statements {
+    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+        if event.metadata().target() == "sqlx::query" {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Statements {
+    fn take(&self) -> usize {
+        self.0.swap(0, Ordering::SeqCst)
+    }
+}
+
+#[test]
+fn a_hit_is_one_statement_and_a_miss_two() {
+    let counted = Statements::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(counted.clone()));
+    // One thread: every statement of the calls below is sent from here.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let Some(store) = support::store().await else {
+            return;
+        };
+        support::ledger(store.pool()).await;
+        let c = Coordinator::new(store.clone());
+        let op = Operation::new("count").unwrap();
+        let run = |key: &'static str| {
+            let (c, op) = (c.clone(), op.clone());
+            async move {
+                let key = Key::new(format!("{key}-{:x}", fastrand::u64(..))).unwrap();
+                c.call(&op, &key)
+                    .run(|_| async { Ok::<_, std::io::Error>(1) })
+                    .await
+                    .unwrap();
+                key
+            }
+        };
+        // Warm up: sqlx prepares each statement once per connection.
+        for _ in 0..4 {
+            let k = run("warm").await;
+            c.call(&op, &k)
+                .run(|_| async { Ok::<_, std::io::Error>(1) })
+                .await
+                .unwrap();
+        }
+        counted.take();
+
+        let key = run("miss").await;
+        assert_eq!(counted.take(), 2, "miss: begin + complete");
+        let hit = c
+            .call(&op, &key)
+            .run(|_| async { Ok::<_, std::io::Error>(2) })
+            .await
+            .unwrap();
+        assert_eq!(hit.source, Source::Replayed);
+        assert_eq!(counted.take(), 1, "hit: begin only");
+
+        // The transactional call: begin on the pool, the action's own statement, the
+        // completion in the transaction (BEGIN and COMMIT are the caller's).
+        for round in 0..3 {
+            let mut tx = store.pool().begin().await.unwrap();
+            let key = Key::new(format!("tx-{:x}", fastrand::u64(..))).unwrap();
+            counted.take();
+            c.call(&op, &key)
+                .in_transaction(&mut tx)
+                .run(|conn, _| {
+                    Box::pin(async move {
+                        sqlx::query("INSERT INTO idemkit_test.ledger (order_id) VALUES ('count')")
+                            .execute(conn)
+                            .await
+                            .map(drop)
+                    })
+                })
+                .await
+                .unwrap();
+            let n = counted.take();
+            tx.commit().await.unwrap();
+            if round > 0 {
+                assert_eq!(
+                    n, 3,
+                    "transactional miss: begin + the action's insert + complete"
+                );
+            }
+        }
+    });
+}
