@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use clap::Parser;
 mod measure;
+mod postgres;
 
 use measure::{Bench, Row};
 
@@ -154,19 +155,28 @@ fn main() -> ExitCode {
     let args = &args.bench;
     // One round is idemkit's cases then the peers'; rounds alternate, so a slow spell of the
     // machine falls on every library rather than on one.
-    let result = runtime.block_on(measure::rounds(args.rounds, || async {
-        let mut report = measure::run(&args.store, args.ops, args.workers).await?;
-        report.rows.extend(peers(&args.store, args.ops).await?);
-        Ok(report)
-    }));
-    match result {
-        Ok(report) => {
-            print!("{report}");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("idemkit-bench: {e}");
-            ExitCode::FAILURE
+    if !args.skip_redis {
+        let result = runtime.block_on(measure::rounds(args.rounds, || async {
+            let mut report = measure::run(&args.store, args.ops, args.workers).await?;
+            report.rows.extend(peers(&args.store, args.ops).await?);
+            Ok(report)
+        }));
+        match result {
+            Ok(report) => print!("{report}"),
+            Err(e) => {
+                eprintln!("idemkit-bench: {e}");
+                return ExitCode::FAILURE;
+            }
         }
     }
+    if let Some(url) = &args.postgres {
+        match runtime.block_on(postgres::run(url, args.ops, args.rounds)) {
+            Ok(report) => print!("\n{report}"),
+            Err(e) => {
+                eprintln!("idemkit-bench: PostgreSQL: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    ExitCode::SUCCESS
 }

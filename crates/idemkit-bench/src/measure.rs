@@ -41,6 +41,14 @@ pub(crate) struct BenchArgs {
     /// round can be off by a quarter; interleaved rounds keep the comparison fair.
     #[arg(long, default_value_t = 3)]
     pub(crate) rounds: usize,
+    /// Also measure PostgreSQL (`PgStore` against a primary-key `SELECT` and a one-row
+    /// `INSERT`) on this server, e.g. `postgres://postgres@127.0.0.1:5432/test`. Counting
+    /// statements reads the server log and needs a superuser (`SET log_statement`).
+    #[arg(long)]
+    pub(crate) postgres: Option<String>,
+    /// Skip the Redis cases (with `--postgres`: PostgreSQL only).
+    #[arg(long)]
+    pub(crate) skip_redis: bool,
 }
 
 /// The client runtime a benchmark runs on: a current-thread runtime for `workers <= 1`

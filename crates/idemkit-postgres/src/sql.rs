@@ -29,37 +29,41 @@ impl Statements {
         let channel = format!("{}.{}", table.schema, table.name);
         let owned = "key = $1 AND owner = $2 AND fencing = $3 AND version = 1";
         Statements {
-            // Insert, or take an expired row over, or return the live row: one statement.
-            // `ON CONFLICT ... DO UPDATE ... WHERE` locks the conflicting row and updates it
-            // only if it expired; when it does not, RETURNING is empty and the second branch
-            // reads the row. That read uses the statement's snapshot, so a row inserted by a
-            // transaction that committed after the snapshot can be missing from it: the
-            // client sends the statement again (no rows at all: rare, and only under a race).
-            // A fencing token is drawn on every call (hits too): gaps are harmless, order is
-            // what counts. `took_over`: the row we replaced was a reservation (the statement's
-            // snapshot still shows the replaced version).
+            // Read the row; insert (or take an expired row over) only when there is no live
+            // one; or return the live row: one statement. A hit is a plain read: the INSERT's
+            // SELECT yields no row, so nothing is written, locked or drawn from the sequence,
+            // and the statement commits without a WAL flush. When the upsert runs, `ON
+            // CONFLICT ... DO UPDATE ... WHERE` locks a conflicting row and replaces it only if
+            // it expired (judged on its newest committed version). The reads use the
+            // statement's snapshot, so a row committed by a concurrent `begin` after the
+            // snapshot can be missing from them while the upsert meets it: then no row comes
+            // back at all and the client sends the statement again (rare: only under a race).
+            // `took_over`: the row replaced was an (expired) reservation.
             begin: format!(
                 "WITH c AS (SELECT clock_timestamp() AS now), \
+                 cur AS ( \
+                   SELECT version, state, owner, fencing, fingerprint, kind, result, created_at, expires_at \
+                   FROM {t} WHERE key = $1 \
+                 ), \
                  ins AS ( \
                    INSERT INTO {t} AS r (key, version, state, owner, fencing, fingerprint, created_at, expires_at, waiting) \
-                   SELECT $1, 1, 1, $2, nextval('{seq}'), $4, c.now, c.now + $3 * interval '1 microsecond', false FROM c \
+                   SELECT $1, 1, 1, $2, nextval('{seq}'), $4, c.now, c.now + $3 * interval '1 microsecond', false \
+                   FROM c WHERE NOT EXISTS (SELECT 1 FROM cur WHERE cur.expires_at > c.now) \
                    ON CONFLICT (key) DO UPDATE SET version = 1, state = 1, owner = excluded.owner, \
                      fencing = excluded.fencing, fingerprint = excluded.fingerprint, \
                      created_at = excluded.created_at, expires_at = excluded.expires_at, \
                      waiting = false, kind = NULL, result = NULL \
                    WHERE r.expires_at <= excluded.created_at \
-                   RETURNING r.fencing, r.xmax::text <> '0' AS replaced \
+                   RETURNING r.fencing \
                  ) \
                  SELECT true, 1::int2, 1::int2, NULL::bytea, ins.fencing, NULL::bytea, NULL::int2, NULL::bytea, \
-                   0::int8, 0::int8, \
-                   CASE WHEN ins.replaced THEN coalesce((SELECT o.state = 1 FROM {t} o WHERE o.key = $1), false) \
-                     ELSE false END \
+                   0::int8, 0::int8, coalesce((SELECT cur.state = 1 FROM cur), false) \
                  FROM ins \
                  UNION ALL \
-                 SELECT false, r.version, r.state, r.owner, r.fencing, r.fingerprint, r.kind, r.result, \
-                   (extract(epoch FROM r.expires_at - c.now) * 1000000)::int8, \
-                   (extract(epoch FROM c.now - r.created_at) * 1000000)::int8, false \
-                 FROM {t} r, c WHERE r.key = $1 AND NOT EXISTS (SELECT 1 FROM ins)"
+                 SELECT false, cur.version, cur.state, cur.owner, cur.fencing, cur.fingerprint, cur.kind, cur.result, \
+                   (extract(epoch FROM cur.expires_at - c.now) * 1000000)::int8, \
+                   (extract(epoch FROM c.now - cur.created_at) * 1000000)::int8, false \
+                 FROM cur, c WHERE cur.expires_at > c.now AND NOT EXISTS (SELECT 1 FROM ins)"
             ),
             renew: format!(
                 "UPDATE {t} SET expires_at = clock_timestamp() + $4 * interval '1 microsecond' \

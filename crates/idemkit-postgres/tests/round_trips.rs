@@ -77,6 +77,26 @@ fn a_hit_is_one_statement_and_a_miss_two() {
             .unwrap();
         assert_eq!(hit.source, Source::Replayed);
         assert_eq!(counted.take(), 1, "hit: begin only");
+        // And a hit writes nothing: the row keeps its version (xmin) and carries no lock
+        // (xmax 0): no WAL, no flush at commit, no contention between replays.
+        let version = || async {
+            sqlx::query_as::<_, (String, String)>(
+                "SELECT xmin::text, xmax::text FROM idemkit_test.records WHERE key = $1",
+            )
+            .bind(idemkit_core::StorageKey::new(&op, None, &key).as_str())
+            .fetch_one(store.pool())
+            .await
+            .unwrap()
+        };
+        let before = version().await;
+        c.call(&op, &key)
+            .run(|_| async { Ok::<_, std::io::Error>(3) })
+            .await
+            .unwrap();
+        let after = version().await;
+        assert_eq!(before, after);
+        assert_eq!(after.1, "0", "a replay locked the row");
+        counted.take();
 
         // The transactional call: begin on the pool, the action's own statement, the
         // completion in the transaction (BEGIN and COMMIT are the caller's).
