@@ -116,6 +116,46 @@ pub(crate) struct Report {
     pub(crate) wakeups: Vec<Duration>,
 }
 
+/// Runs `ops` calls spread over `concurrency` tasks (task `t` passes `t * per_task + i`, so
+/// every call gets its own index); returns each call's latency, sorted, and the wall time.
+///
+/// # Errors
+///
+/// A task panicked.
+pub(crate) async fn timed<F, Fut>(
+    concurrency: usize,
+    ops: usize,
+    call: F,
+) -> Result<(Vec<Duration>, Duration), String>
+where
+    F: Fn(usize) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    let per_task = ops.div_ceil(concurrency);
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|t| {
+            let call = call.clone();
+            tokio::spawn(async move {
+                let mut lat = Vec::with_capacity(per_task);
+                for i in 0..per_task {
+                    let s = Instant::now();
+                    call(t * per_task + i).await;
+                    lat.push(s.elapsed());
+                }
+                lat
+            })
+        })
+        .collect();
+    let mut lat = Vec::with_capacity(per_task * concurrency);
+    for t in tasks {
+        lat.extend(t.await.map_err(|e| e.to_string())?);
+    }
+    let elapsed = started.elapsed();
+    lat.sort();
+    Ok((lat, elapsed))
+}
+
 /// A connection for measuring: raw commands, `INFO`, `MONITOR`.
 ///
 /// # Example
@@ -183,30 +223,9 @@ impl Bench {
         let commands_per_call = self.count_commands(20, call.clone()).await?;
         let before = commandstats(&self.raw).await?;
         let cpu_before = redis_cpu(&self.raw).await?;
-        let per_task = ops.div_ceil(concurrency);
-        let started = Instant::now();
-        let tasks: Vec<_> = (0..concurrency)
-            .map(|_| {
-                let call = call.clone();
-                tokio::spawn(async move {
-                    let mut lat = Vec::with_capacity(per_task);
-                    for i in 0..per_task {
-                        let t = Instant::now();
-                        call(i).await;
-                        lat.push(t.elapsed());
-                    }
-                    lat
-                })
-            })
-            .collect();
-        let mut lat = Vec::with_capacity(per_task * concurrency);
-        for t in tasks {
-            lat.extend(t.await.map_err(|e| e.to_string())?);
-        }
-        let elapsed = started.elapsed();
+        let (lat, elapsed) = timed(concurrency, ops, call).await?;
         let cpu = redis_cpu(&self.raw).await? - cpu_before;
         let after = commandstats(&self.raw).await?;
-        lat.sort();
         let calls = lat.len() as f64;
         // Top-level commands this case sends (commands run inside scripts are counted by Redis
         // under their own names, so only EVALSHA and the floor's GET are client commands here).

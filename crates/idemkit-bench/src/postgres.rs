@@ -20,7 +20,6 @@ use idemkit_core::{Coordinator, Key, Operation};
 use idemkit_postgres::PgStore;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
-use tokio::time::Instant;
 
 /// One measured case.
 #[derive(Debug, Clone)]
@@ -228,30 +227,9 @@ where
     for w in warm {
         w.await.map_err(|e| e.to_string())?;
     }
-    let per_task = ops.div_ceil(concurrency);
     let cpu0 = postgres_cpu();
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..concurrency)
-        .map(|t| {
-            let call = call.clone();
-            tokio::spawn(async move {
-                let mut lat = Vec::with_capacity(per_task);
-                for i in 0..per_task {
-                    let s = Instant::now();
-                    call(t * per_task + i).await;
-                    lat.push(s.elapsed());
-                }
-                lat
-            })
-        })
-        .collect();
-    let mut lat = Vec::with_capacity(per_task * concurrency);
-    for t in tasks {
-        lat.extend(t.await.map_err(|e| e.to_string())?);
-    }
-    let elapsed = started.elapsed();
+    let (lat, elapsed) = crate::measure::timed(concurrency, ops, call).await?;
     let cpu = postgres_cpu() - cpu0;
-    lat.sort();
     let calls = lat.len() as f64;
     Ok(PgRow {
         case,

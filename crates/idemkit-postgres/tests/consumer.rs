@@ -12,10 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idemkit_core::{Coordinator, InFlight, Key, Operation, Policy, Store};
-use idemkit_postgres::{Inbox, PgStore, Seen};
+use idemkit_postgres::{Inbox, PgStore, Seen, TxFuture};
 use idemkit_redis::RedisStore;
 use idemkit_test::Mailer;
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Crash {
@@ -248,6 +248,21 @@ scenarios! {
     key_on_redis: on_redis;
 }
 
+/// The database effect given to `Inbox::deliver` here: a ledger row for `order`.
+fn ledger_row(
+    order: String,
+) -> impl for<'t> FnOnce(&'t mut PgConnection) -> TxFuture<'t, Result<(), sqlx::Error>> {
+    move |conn| {
+        Box::pin(async move {
+            sqlx::query("INSERT INTO idemkit_test.ledger (order_id) VALUES ($1)")
+                .bind(order)
+                .execute(conn)
+                .await
+                .map(drop)
+        })
+    }
+}
+
 /// The order of effects, encoded (`Inbox::deliver`): a delivery that committed its database
 /// effect and died before its email. The redelivery finds the inbox row (a duplicate) and
 /// still sends the email, once. The handler that returns early on a duplicate (the trap)
@@ -284,17 +299,7 @@ async fn deliver_sends_the_email_after_a_crash_between_commit_and_email() {
                         &svc.pool,
                         "billing",
                         &message,
-                        move |conn| {
-                            Box::pin(async move {
-                                sqlx::query(
-                                    "INSERT INTO idemkit_test.ledger (order_id) VALUES ($1)",
-                                )
-                                .bind(&o)
-                                .execute(conn)
-                                .await
-                                .map(drop)
-                            })
-                        },
+                        ledger_row(o),
                         svc.keys.call(&op, &key),
                         |_| std::future::pending::<Result<String, sqlx::Error>>(),
                     )
@@ -322,15 +327,7 @@ async fn deliver_sends_the_email_after_a_crash_between_commit_and_email() {
                     &svc.pool,
                     "billing",
                     &message,
-                    move |conn| {
-                        Box::pin(async move {
-                            sqlx::query("INSERT INTO idemkit_test.ledger (order_id) VALUES ($1)")
-                                .bind(&o)
-                                .execute(conn)
-                                .await
-                                .map(drop)
-                        })
-                    },
+                    ledger_row(o),
                     svc.keys.call(&op, &key).in_flight(InFlight::Wait),
                     |_| async {
                         Ok::<_, sqlx::Error>(

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idemkit_core::{Coordinator, Error, InFlight, Key, Operation, Phase, Policy, Source, Store};
+use idemkit_core::{
+    Coordinator, Error, InFlight, Key, Operation, Phase, Policy, Receipt, Source, Store,
+};
 use idemkit_postgres::{InTransaction, PgStore};
 use sqlx::PgConnection;
 
@@ -31,6 +33,25 @@ async fn credit(conn: &mut PgConnection, order: &str) -> Result<i64, sqlx::Error
     .await
 }
 
+/// One delivery: a transaction, the call crediting `order`, the commit.
+async fn deliver(
+    store: &PgStore,
+    c: &Coordinator<PgStore>,
+    key: &Key,
+    order: &str,
+) -> Receipt<i64> {
+    let mut tx = store.pool().begin().await.unwrap();
+    let o = order.to_owned();
+    let r = c
+        .call(&op(), key)
+        .in_transaction(&mut tx)
+        .run(|conn, _| Box::pin(async move { credit(conn, &o).await }))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    r
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_committed_call_is_replayed_and_its_effect_written_once() {
     let Some((store, c)) = setup().await else {
@@ -40,15 +61,7 @@ async fn a_committed_call_is_replayed_and_its_effect_written_once() {
     let key = Key::new(&order).unwrap();
     let mut ids = Vec::new();
     for delivery in 0..3 {
-        let mut tx = store.pool().begin().await.unwrap();
-        let o = order.clone();
-        let r = c
-            .call(&op(), &key)
-            .in_transaction(&mut tx)
-            .run(|conn, _| Box::pin(async move { credit(conn, &o).await }))
-            .await
-            .unwrap();
-        tx.commit().await.unwrap();
+        let r = deliver(&store, &c, &key, &order).await;
         assert_eq!(
             r.source,
             if delivery == 0 {
@@ -95,15 +108,7 @@ async fn a_rolled_back_call_leaves_nothing_and_runs_again() {
     assert_eq!(support::ledger_rows(store.pool(), &order).await, 0);
 
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let mut tx = store.pool().begin().await.unwrap();
-    let o = order.clone();
-    let second = c
-        .call(&op(), &key)
-        .in_transaction(&mut tx)
-        .run(|conn, _| Box::pin(async move { credit(conn, &o).await }))
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
+    let second = deliver(&store, &c, &key, &order).await;
     assert_eq!(second.source, Source::Fresh);
     assert_eq!(support::ledger_rows(store.pool(), &order).await, 1);
 }
@@ -140,15 +145,7 @@ async fn a_crash_mid_action_commits_nothing_and_the_redelivery_runs_once() {
     task.abort();
     let _ = task.await;
     // The dropped call released its key; the dropped transaction rolled back.
-    let mut tx = store.pool().begin().await.unwrap();
-    let o = order.clone();
-    let r = c
-        .call(&op(), &key)
-        .in_transaction(&mut tx)
-        .run(|conn, _| Box::pin(async move { credit(conn, &o).await }))
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
+    let r = deliver(&store, &c, &key, &order).await;
     assert_eq!(r.source, Source::Fresh);
     assert_eq!(support::ledger_rows(store.pool(), &order).await, 1);
 }

@@ -4,8 +4,8 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use super::call::{Attempt, Call, Receipt, Source};
-use super::drive::Effective;
+use super::call::{Attempt, Call, Receipt};
+use super::drive::{AfterAction, Effective};
 use super::errors::ErrorPolicy;
 use super::lease::{Guard, Keeper, LeaseState, Pending, after, bounded};
 use crate::StorageKey;
@@ -129,19 +129,13 @@ impl<S: Store, C> Call<'_, S, C> {
         let started = now();
         let result = keeper.keep_while(action(attempt)).await;
         op.metrics().timing(Phase::Action, started);
-        let (completion, answer): (CompleteRequest, Result<Receipt<T>, E>) = match result {
-            Ok(value) => (
-                self.encode_value(&value, effective),
-                Ok(Receipt::new(value, Source::Fresh, Some(lease.fencing))),
-            ),
-            Err(e) => match self.permanent_error(&e, errors, effective) {
-                Some(completion) => (completion, Err(e)),
-                None => {
-                    guard.pending = Pending::Done;
-                    self.release(key, &lease, policy).await;
-                    return Err(Error::Action(e));
-                }
-            },
+        let (completion, answer) = match self.after_action(result, &lease, effective, errors) {
+            AfterAction::Store(completion, answer) => (completion, answer),
+            AfterAction::Release(e) => {
+                guard.pending = Pending::Done;
+                self.release(key, &lease, policy).await;
+                return Err(Error::Action(e));
+            }
         };
         // From here the completion belongs to the completer's transaction: a dropped call
         // must neither release nor complete from outside it.

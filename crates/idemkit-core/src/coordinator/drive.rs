@@ -32,6 +32,14 @@ use crate::policy::{InFlight, MIN_LEASE, OnStoreError, Policy};
 use crate::record::{OwnerToken, ResultKind};
 use crate::store::{BeginRequest, Claim, CompleteRequest, Ownership, Replay, Store, StoreError};
 
+/// What an owner does once its action returned.
+pub(super) enum AfterAction<T, E> {
+    /// Store this completion, then answer this (the value, or the permanent error stored).
+    Store(CompleteRequest, Result<Receipt<T>, E>),
+    /// Release the key and answer `Error::Action` with this error.
+    Release(E),
+}
+
 /// A call's policy once checked against its store: every duration positive and within
 /// what the store can keep.
 pub(super) struct Effective {
@@ -299,22 +307,14 @@ impl<S: Store, C> Call<'_, S, C> {
             };
             let result = action(attempt).await;
             op.metrics().timing(Phase::Action, started);
-            // What to store, and what to answer once it is stored (or not).
-            let (completion, answer) = match result {
-                Ok(value) => {
-                    let completion = self.encode_value(&value, effective);
-                    let answer = Ok(Receipt::new(value, Source::Fresh, Some(lease.fencing)));
-                    (completion, answer)
+            let (completion, answer) = match self.after_action(result, &lease, effective, errors) {
+                AfterAction::Store(completion, answer) => (completion, answer),
+                AfterAction::Release(e) => {
+                    guard.pending = Pending::Done;
+                    // Boxed: only a failed action takes this path.
+                    Box::pin(self.release(key, &lease, policy)).await;
+                    return Err(Error::Action(e));
                 }
-                Err(e) => match self.permanent_error(&e, errors, effective) {
-                    Some(completion) => (completion, Err(e)),
-                    None => {
-                        guard.pending = Pending::Done;
-                        // Boxed: only a failed action takes this path.
-                        Box::pin(self.release(key, &lease, policy)).await;
-                        return Err(Error::Action(e));
-                    }
-                },
             };
             guard.pending = Pending::Complete(completion.clone());
             let stored = keeper.complete(&completion).await;
@@ -328,6 +328,30 @@ impl<S: Store, C> Call<'_, S, C> {
             }
         };
         keeper.keep_while(work).await
+    }
+
+    /// What an owner does once its action returned (rows 10, 22, 29).
+    pub(super) fn after_action<T, E, P>(
+        &self,
+        result: Result<T, E>,
+        lease: &Ownership,
+        effective: &Effective,
+        errors: &P,
+    ) -> AfterAction<T, E>
+    where
+        C: Codec<T>,
+        P: ErrorPolicy<C, E>,
+    {
+        match result {
+            Ok(value) => AfterAction::Store(
+                self.encode_value(&value, effective),
+                Ok(Receipt::new(value, Source::Fresh, Some(lease.fencing))),
+            ),
+            Err(e) => match self.permanent_error(&e, errors, effective) {
+                Some(completion) => AfterAction::Store(completion, Err(e)),
+                None => AfterAction::Release(e),
+            },
+        }
     }
 
     /// The completion that stores `e` as a permanent error, if the call's error policy says
