@@ -6,7 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use idemkit_core::{
     BeginRequest, Claim, CompleteRequest, FencingToken, Ownership, RawStore, Record, RecordState,
-    Replay, StorageKey, Store, StoreError,
+    Replay, StorageKey, Store, StoreError, StoreErrorKind,
 };
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgConnection, PgPool, Row as _};
@@ -172,7 +172,8 @@ impl PgStoreBuilder {
     ///
     /// # Errors
     ///
-    /// [`StoreError`] (`Unavailable`) if the URL is invalid or the server cannot be reached.
+    /// [`StoreError`]: `Other` if the URL is invalid, `Unavailable` if the server cannot be
+    /// reached.
     ///
     /// # Example
     ///
@@ -183,7 +184,9 @@ impl PgStoreBuilder {
     /// # drop(store); Ok(()) }
     /// ```
     pub async fn connect(self, url: &str, max_connections: u32) -> Result<PgStore, StoreError> {
-        let options: PgConnectOptions = url.parse().map_err(StoreError::unavailable)?;
+        let options: PgConnectOptions = url
+            .parse()
+            .map_err(|e| StoreError::new(StoreErrorKind::Other, e))?;
         let pool = PgPoolOptions::new()
             .max_connections(max_connections.max(2))
             .test_before_acquire(false)
@@ -224,7 +227,8 @@ impl PgStore {
     ///
     /// # Errors
     ///
-    /// [`StoreError`] (`Unavailable`) if the URL is invalid or the server cannot be reached.
+    /// [`StoreError`]: `Other` if the URL is invalid, `Unavailable` if the server cannot be
+    /// reached.
     ///
     /// # Example
     ///

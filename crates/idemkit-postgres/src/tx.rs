@@ -53,8 +53,9 @@ impl<'a, C> InTransaction<'a, C> for Call<'a, PgStore, C> {
 ///    result; with `Reject` it gets [`Error::InFlight`] with its retry hint.
 /// 2. The action runs on your transaction's connection.
 /// 3. The result is written in your transaction (owner-checked, like every completion).
-///    From then until your commit, the row is locked by your transaction: a duplicate's
-///    `begin` waits for your commit or rollback (a short wait if you commit promptly).
+///    Until your commit nobody else sees it: a duplicate still sees the reservation in
+///    flight, and a waiter that flags the row now waits on your transaction's row lock,
+///    until your commit (then it replays) or rollback.
 /// 4. You commit. If you roll back instead (or crash), the reservation ends with its lease
 ///    and the next delivery runs the action again, in a new transaction.
 ///

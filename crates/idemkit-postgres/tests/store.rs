@@ -348,3 +348,13 @@ fn invalid_names_are_refused_before_any_sql() {
         assert!(PgStore::builder().schema(bad).is_err(), "{bad}");
     }
 }
+
+#[tokio::test]
+async fn a_bad_url_and_an_unreachable_server_are_typed_errors() {
+    let bad = PgStore::connect("not a url").await.unwrap_err();
+    assert_eq!(bad.kind(), StoreErrorKind::Other, "{bad}");
+    let down = PgStore::connect("postgres://postgres@127.0.0.1:1/test")
+        .await
+        .unwrap_err();
+    assert_eq!(down.kind(), StoreErrorKind::Unavailable, "{down}");
+}
