@@ -358,3 +358,52 @@ async fn a_bad_url_and_an_unreachable_server_are_typed_errors() {
         .unwrap_err();
     assert_eq!(down.kind(), StoreErrorKind::Unavailable, "{down}");
 }
+
+/// `took_over` is true when `begin` replaced an expired reservation (its owner died), false
+/// when it replaced an expired completed record (the retention ended) or found nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_of_an_expired_reservation_is_reported() {
+    let Some(store) = support::store().await else {
+        return;
+    };
+    let begin = |k: StorageKey| {
+        let store = store.clone();
+        async move {
+            store
+                .begin(&BeginRequest::new(
+                    &k,
+                    OwnerToken::random(),
+                    Duration::from_millis(50),
+                ))
+                .await
+                .unwrap()
+        }
+    };
+    let dead = key("dead-owner");
+    assert!(matches!(
+        begin(dead.clone()).await,
+        Claim::Reserved {
+            took_over: false,
+            ..
+        }
+    ));
+    let done = key("retention-over");
+    let lease = reserve(&store, &done, Duration::from_secs(5)).await;
+    let short = CompleteRequest::new(ResultKind::Value, "1", Duration::from_millis(50));
+    store.complete(&done, &lease, &short).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert!(matches!(
+        begin(dead).await,
+        Claim::Reserved {
+            took_over: true,
+            ..
+        }
+    ));
+    assert!(matches!(
+        begin(done).await,
+        Claim::Reserved {
+            took_over: false,
+            ..
+        }
+    ));
+}
