@@ -278,6 +278,10 @@ impl Inbox {
     /// Returning early on a duplicate (skipping step 3) is the trap this helper exists for:
     /// it loses the email whenever a delivery dies between its commit and its send.
     ///
+    /// With the transactional call in place of the inbox the order is the same, in four
+    /// lines of your own: begin a transaction, `call.in_transaction(&mut tx).run(..)`,
+    /// commit, then the external effect's call (the crate's `consumer` example).
+    ///
     /// # Errors
     ///
     /// [`DeliverError`]; its [`disposition`](DeliverError::disposition) says whether to

@@ -13,7 +13,20 @@ use idemkit_core::{Coordinator, Error, Key, Operation, StoreErrorKind};
 use idemkit_postgres::{Inbox, PgStore, Seen};
 use idemkit_test::Mailer;
 
-const BIN: &str = "/usr/lib/postgresql/15/bin";
+/// The newest PostgreSQL server binaries installed (Debian's layout), or `PG_BIN`.
+fn bin() -> Option<std::path::PathBuf> {
+    if let Ok(dir) = std::env::var("PG_BIN") {
+        return Some(dir.into());
+    }
+    let mut versions: Vec<u32> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    versions.sort();
+    let dir = std::path::PathBuf::from(format!("/usr/lib/postgresql/{}/bin", versions.pop()?));
+    dir.join("initdb").exists().then_some(dir)
+}
 
 struct PgProcess {
     dir: PathBuf,
@@ -22,7 +35,8 @@ struct PgProcess {
 
 /// Runs a PostgreSQL tool as the `postgres` user when we are root (the server refuses root).
 fn pg(tool: &str, args: &[&str]) -> bool {
-    let tool = format!("{BIN}/{tool}");
+    let Some(bin) = bin() else { return false };
+    let tool = bin.join(tool);
     let root = Command::new("id")
         .arg("-u")
         .output()
@@ -30,7 +44,8 @@ fn pg(tool: &str, args: &[&str]) -> bool {
         .unwrap_or(false);
     let status = if root {
         Command::new("runuser")
-            .args(["-u", "postgres", "--", &tool])
+            .args(["-u", "postgres", "--"])
+            .arg(&tool)
             .args(args)
             .status()
     } else {
@@ -41,9 +56,9 @@ fn pg(tool: &str, args: &[&str]) -> bool {
 
 impl PgProcess {
     fn start() -> Option<Self> {
-        if !std::path::Path::new(BIN).exists() {
+        if bin().is_none() {
             idemkit_test::require_service(
-                "PostgreSQL 15 binaries in /usr/lib/postgresql/15/bin",
+                "PostgreSQL server binaries (/usr/lib/postgresql/<version>/bin, or PG_BIN)",
                 false,
             );
             return None;
