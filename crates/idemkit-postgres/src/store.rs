@@ -568,7 +568,7 @@ impl Store for PgStore {
             tracing::warn!(error = %e, "idemkit-postgres: cannot LISTEN; waiting by re-check");
         }
         let registration = inner.waiters.register(key.as_str());
-        let notified = registration.notify.notified();
+        let notified = registration.notify().notified();
         let mut notified = std::pin::pin!(notified);
         // Enabled before the row is flagged: a notification from here on is not missed.
         notified.as_mut().enable();
