@@ -328,3 +328,55 @@ fn the_transactional_call_future_is_send() {
     }
     let _ = |c, tx| is_send(&f(c, tx));
 }
+
+/// Why the transactional call exists: a plain call around a database effect completes its
+/// record on its own, so when the effect's transaction then rolls back (a crash before the
+/// commit), the redelivery replays and the effect is lost. The transactional call's record
+/// rolls back with the effect, and the redelivery writes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_key_loses_a_rolled_back_effect_the_transactional_call_does_not() {
+    let Some((store, _)) = setup().await else {
+        return;
+    };
+    let c = Coordinator::builder(store.clone())
+        .policy(Policy::default().lease(Duration::from_millis(200)))
+        .build();
+    for transactional in [false, true] {
+        let order = support::order(if transactional { "tx" } else { "plain" });
+        let key = Key::new(&order).unwrap();
+        for delivery in 0..2 {
+            let mut tx = store.pool().begin().await.unwrap();
+            let o = order.clone();
+            if transactional {
+                c.call(&op(), &key)
+                    .in_transaction(&mut tx)
+                    .run(|conn, _| Box::pin(async move { credit(conn, &o).await }))
+                    .await
+                    .unwrap();
+            } else {
+                let conn: &mut PgConnection = &mut tx;
+                let conn = tokio::sync::Mutex::new(conn);
+                c.call(&op(), &key)
+                    .run(|_| async {
+                        let mut conn = conn.lock().await;
+                        credit(&mut conn, &o).await
+                    })
+                    .await
+                    .unwrap();
+            }
+            if delivery == 0 {
+                // The process dies before the commit.
+                drop(tx);
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            } else {
+                tx.commit().await.unwrap();
+            }
+        }
+        let rows = support::ledger_rows(store.pool(), &order).await;
+        assert_eq!(
+            rows,
+            if transactional { 1 } else { 0 },
+            "transactional={transactional}"
+        );
+    }
+}
