@@ -65,6 +65,10 @@ impl<'a, C> InTransaction<'a, C> for Call<'a, PgStore, C> {
 /// an effect can never commit without its record. A replay, a rejection, a key reused for
 /// another request or a store failure before the action leave the transaction untouched.
 ///
+/// It exists on a `Coordinator<PgStore>` only (not on `DynStore`): the record must live in
+/// the database your transaction writes to, and the store's table must be reachable from
+/// that transaction (same database; the store's pool and yours may differ).
+///
 /// Compose it with a separate key for an external effect (an email) by calling the
 /// coordinator again *after* the commit, on every delivery: see the README's "Which
 /// protection" table and [`Inbox::deliver`](crate::Inbox::deliver).
