@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::call::{Attempt, Call, Receipt};
 use super::drive::{AfterAction, Effective};
 use super::errors::ErrorPolicy;
-use super::lease::{Guard, Keeper, LeaseState, Pending, after, bounded};
+use super::lease::{LeaseState, Pending, after, bounded};
 use crate::StorageKey;
 use crate::clock::now;
 use crate::codec::Codec;
@@ -102,26 +102,11 @@ impl<S: Store, C> Call<'_, S, C> {
         F: FnOnce(Attempt) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let store = self.coordinator.store();
         let op: &crate::Operation = &self.operation;
         let policy = &effective.policy;
         let state = Arc::new(LeaseState::new(after(reserved_at, policy.lease)));
-        let keeper = Keeper {
-            store,
-            key,
-            lease,
-            policy,
-            operation: op,
-            state: &state,
-            reserved_at,
-        };
-        let mut guard = Guard {
-            store,
-            key,
-            lease,
-            operation: op,
-            pending: Pending::Release,
-        };
+        let keeper = self.keeper(key, lease, reserved_at, policy, &state);
+        let mut guard = self.guard(key, lease);
         let attempt = Attempt {
             fencing: Some(lease.fencing),
             lease: Some(state.clone()),

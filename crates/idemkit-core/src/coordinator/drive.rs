@@ -277,29 +277,14 @@ impl<S: Store, C> Call<'_, S, C> {
         F: FnOnce(Attempt) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let store = self.coordinator.store();
         let op: &crate::Operation = &self.operation;
         let policy = &effective.policy;
         let state = std::sync::Arc::new(LeaseState::new(after(reserved_at, policy.lease)));
-        let keeper = Keeper {
-            store,
-            key,
-            lease,
-            policy,
-            operation: op,
-            state: &state,
-            reserved_at,
-        };
+        let keeper = self.keeper(key, lease, reserved_at, policy, &state);
         let work = async {
             // Created before anything can be dropped mid-way: from here on a dropped call
             // releases the key, or stores the outcome once the action succeeded.
-            let mut guard = Guard {
-                store,
-                key,
-                lease,
-                operation: op,
-                pending: Pending::Release,
-            };
+            let mut guard = self.guard(key, lease);
             let started = now();
             let attempt = Attempt {
                 fencing: Some(lease.fencing),
@@ -328,6 +313,39 @@ impl<S: Store, C> Call<'_, S, C> {
             }
         };
         keeper.keep_while(work).await
+    }
+
+    /// The keeper of an owner's lease: renewals, the lease-lost signal, the completion.
+    #[inline]
+    pub(super) fn keeper<'k>(
+        &'k self,
+        key: &'k StorageKey,
+        lease: Ownership,
+        reserved_at: tokio::time::Instant,
+        policy: &'k Policy,
+        state: &'k LeaseState,
+    ) -> Keeper<'k, S> {
+        Keeper {
+            store: self.coordinator.store(),
+            key,
+            lease,
+            policy,
+            operation: &self.operation,
+            state,
+            reserved_at,
+        }
+    }
+
+    /// The guard that releases the key if the owner's call is dropped.
+    #[inline]
+    pub(super) fn guard<'k>(&'k self, key: &'k StorageKey, lease: Ownership) -> Guard<'k, S> {
+        Guard {
+            store: self.coordinator.store(),
+            key,
+            lease,
+            operation: &self.operation,
+            pending: Pending::Release,
+        }
     }
 
     /// What an owner does once its action returned (rows 10, 22, 29).
