@@ -41,12 +41,15 @@
 //!   a store's type, to choose it at run time.
 //! - [`memory`] holds the [`MemoryStore`].
 //! - [`record`] holds what a store keeps, and its versioned byte format.
+//! - [`consume`] settles one delivery of a queue or stream message: the mapping every
+//!   runner shares.
 //! - [`observe`] names the metrics.
 //! - [`clock`] is the one place that reads time.
 #![forbid(unsafe_code)]
 
 pub mod clock;
 mod codec;
+pub mod consume;
 mod coordinator;
 mod dynamic;
 mod error;

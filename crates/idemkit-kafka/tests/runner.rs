@@ -1,0 +1,368 @@
+//! The Kafka runner on a real Kafka-protocol broker (tansu) with the key on real Redis.
+//!
+//! Every scenario runs twice: with idempotency, where each effect happens once, and with it
+//! switched off (`Processor::protected(false)`), where the same scenario repeats effects or
+//! loses the dead letter. The unprotected counts are asserted too, so each test shows what
+//! it would report if the protection were missing.
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use idemkit_core::consume::{Processor, RetryPolicy};
+use idemkit_core::{Coordinator, Key, Operation};
+use idemkit_kafka::KafkaRunner;
+use idemkit_redis::RedisStore;
+use rdkafka::Message as _;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::{Headers as _, OwnedMessage};
+use support::*;
+
+fn order_of(m: &OwnedMessage) -> String {
+    m.key().map(|k| String::from_utf8_lossy(k).into_owned()).unwrap_or_default()
+}
+
+async fn store(prefix: &str) -> RedisStore {
+    RedisStore::builder().prefix(prefix).connect(&redis_url()).await.expect("redis store")
+}
+
+/// A processor whose effect appends the order id to the Redis list `mails`, then waits for
+/// `hold` to be released (if given) before returning.
+fn processor(
+    store: RedisStore,
+    mails: String,
+    protected: bool,
+    hold: Option<Arc<AtomicBool>>,
+    seen: Option<Arc<AtomicBool>>,
+) -> Processor<
+    RedisStore,
+    impl Fn(&OwnedMessage) -> Result<Key, idemkit_core::KeyError> + Send + Sync + 'static,
+    impl idemkit_core::consume::Handle<OwnedMessage, Output = String> + 'static,
+> {
+    Processor::new(
+        Coordinator::new(store),
+        Operation::new("mail.invoice").unwrap(),
+        {
+            let seen = seen.clone();
+            move |m: &OwnedMessage| {
+                if let Some(seen) = &seen {
+                    seen.store(true, Ordering::SeqCst);
+                }
+                Key::compose([order_of(m).as_str(), "invoice"])
+            }
+        },
+        move |m: OwnedMessage, _| {
+            let (mails, hold) = (mails.clone(), hold.clone());
+            if let Some(seen) = &seen {
+                seen.store(true, Ordering::SeqCst);
+            }
+            async move {
+                let mut r = redis().await;
+                redis::cmd("RPUSH").arg(&mails).arg(order_of(&m)).query_async::<()>(&mut r).await?;
+                if let Some(hold) = hold {
+                    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+                    while !hold.load(Ordering::SeqCst) && tokio::time::Instant::now() < deadline {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+                Ok::<_, redis::RedisError>(format!("em_{}", order_of(&m)))
+            }
+        },
+    )
+    .protected(protected)
+    .retry(RetryPolicy::new().max_deliveries(3).backoff(Duration::from_millis(50), Duration::from_millis(200)))
+}
+
+/// Runs `runner` in a task until `stop` is notified; returns its join handle.
+fn spawn_runner<F>(run: F) -> tokio::task::JoinHandle<()>
+where
+    F: Future<Output = Result<(), idemkit_kafka::RunnerError>> + Send + 'static,
+{
+    tokio::spawn(async move { run.await.expect("runner") })
+}
+
+async fn the_same_order_published_twice(brokers: &str, protected: bool) -> BTreeMap<String, u32> {
+    let (topic, group, prefix) = (unique("orders"), unique("group"), unique("prefix"));
+    let mails = format!("{prefix}:mails");
+    create_topic(brokers, &topic, 1).await;
+    let p = producer(brokers);
+    for order in ["order-8", "order-9", "order-9"] {
+        produce(&p, &topic, 0, order, "paid").await;
+    }
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let s = stop.clone();
+    let runner = KafkaRunner::new(
+        consumer_config(brokers, &group),
+        [topic.clone()],
+        processor(store(&prefix).await, mails.clone(), protected, None, None),
+    );
+    let task = spawn_runner(runner.run(async move { s.notified().await }));
+    let all = eventually(Duration::from_secs(60), || async {
+        effects(&mails).await.len() == 2
+    })
+    .await;
+    // Give a duplicate the time to show up before counting.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.notify_one();
+    task.await.unwrap();
+    assert!(all, "both orders were handled");
+    effects(&mails).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_same_order_published_twice_has_one_effect() {
+    let Some(brokers) = brokers() else { return };
+    let (with, without) = tokio::join!(
+        the_same_order_published_twice(&brokers, true),
+        the_same_order_published_twice(&brokers, false)
+    );
+    eprintln!("mails with idemkit {with:?}, without {without:?}");
+    let counts = |m: &BTreeMap<String, u32>| (m["order-8"], m["order-9"]);
+    assert_eq!(counts(&with), (1, 1), "with idemkit: one mail per order");
+    assert_eq!(counts(&without), (1, 2), "without: the duplicate mails again");
+}
+
+/// Consumes the dead-letter topic from the start until `n` records arrived.
+async fn dead_letters(brokers: &str, topic: &str, n: usize) -> Vec<OwnedMessage> {
+    let c: StreamConsumer = consumer_config(brokers, &unique("dlq-reader")).create().unwrap();
+    c.subscribe(&[topic]).unwrap();
+    let mut out = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while out.len() < n {
+        match tokio::time::timeout_at(deadline, c.recv()).await {
+            Ok(Ok(m)) => out.push(m.detach()),
+            Ok(Err(e)) => panic!("dead-letter read: {e}"),
+            Err(_) => break,
+        }
+    }
+    out
+}
+
+fn header(m: &OwnedMessage, name: &str) -> Option<String> {
+    m.headers()?
+        .iter()
+        .find(|h| h.key == name)
+        .and_then(|h| h.value)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+async fn a_message_without_a_key(brokers: &str, protected: bool) -> (BTreeMap<String, u32>, Vec<OwnedMessage>) {
+    let (topic, group, prefix) = (unique("orders"), unique("group"), unique("prefix"));
+    let dead = format!("{topic}.dead");
+    let mails = format!("{prefix}:mails");
+    create_topic(brokers, &topic, 1).await;
+    create_topic(brokers, &dead, 1).await;
+    let p = producer(brokers);
+    produce(&p, &topic, 0, "", "paid, but which order?").await; // offset 0: no order id
+    produce(&p, &topic, 0, "order-5", "paid").await;
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let s = stop.clone();
+    let runner = KafkaRunner::new(
+        consumer_config(brokers, &group),
+        [topic.clone()],
+        processor(store(&prefix).await, mails.clone(), protected, None, None),
+    )
+    .dead_letter_topic(&dead);
+    let task = spawn_runner(runner.run(async move { s.notified().await }));
+    // The partition moves on past the bad message.
+    let moved_on = eventually(Duration::from_secs(60), || async {
+        effects(&mails).await.contains_key("order-5")
+    })
+    .await;
+    assert!(moved_on, "the message after the poison one was handled");
+    let dlq = dead_letters(brokers, &dead, 1).await;
+    stop.notify_one();
+    task.await.unwrap();
+    (effects(&mails).await, dlq)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_message_whose_key_function_fails_is_dead_lettered_and_the_partition_moves_on() {
+    let Some(brokers) = brokers() else { return };
+    let (with, without) = tokio::join!(
+        a_message_without_a_key(&brokers, true),
+        a_message_without_a_key(&brokers, false)
+    );
+    eprintln!("with idemkit: mails {:?}, dead letters {}; without: mails {:?}, dead letters {}", with.0, with.1.len(), without.0, without.1.len());
+    let (mails, dlq) = with;
+    assert_eq!(mails.get(""), None, "no mail for a message that names no order");
+    assert_eq!(mails["order-5"], 1);
+    assert_eq!(dlq.len(), 1, "the bad message is dead-lettered");
+    let d = &dlq[0];
+    assert_eq!(d.payload(), Some(&b"paid, but which order?"[..]), "the payload is kept");
+    let error = header(d, "idemkit-error").expect("an error header");
+    assert!(error.contains("key"), "the error says why: {error}");
+    assert_eq!(header(d, "idemkit-offset").as_deref(), Some("0"));
+    assert_eq!(header(d, "idemkit-partition").as_deref(), Some("0"));
+    assert!(header(d, "idemkit-topic").is_some_and(|t| t.starts_with("idemkit-orders-")));
+
+    let (mails, dlq) = without;
+    assert_eq!(mails.get("").copied(), Some(1), "unprotected: the keyless message mailed someone");
+    assert!(dlq.is_empty(), "unprotected: nothing dead-lettered");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_handler_that_keeps_failing_is_retried_then_dead_lettered() {
+    let Some(brokers) = brokers() else { return };
+    let (topic, group, prefix) = (unique("orders"), unique("group"), unique("prefix"));
+    let dead = format!("{topic}.dead");
+    create_topic(&brokers, &topic, 1).await;
+    create_topic(&brokers, &dead, 1).await;
+    let p = producer(&brokers);
+    produce(&p, &topic, 0, "order-1", "poison").await;
+    produce(&p, &topic, 0, "order-2", "fine").await;
+    let tries = Arc::new(std::sync::Mutex::new(BTreeMap::<String, u32>::new()));
+    let t = tries.clone();
+    let processor = Processor::new(
+        Coordinator::new(store(&prefix).await),
+        Operation::new("mail.invoice").unwrap(),
+        |m: &OwnedMessage| Key::compose([order_of(m).as_str(), "invoice"]),
+        move |m: OwnedMessage, _| {
+            *t.lock().unwrap().entry(order_of(&m)).or_insert(0) += 1;
+            async move {
+                if m.payload() == Some(b"poison") {
+                    Err("the template cannot render this order".to_string())
+                } else {
+                    Ok(order_of(&m))
+                }
+            }
+        },
+    )
+    .retry(RetryPolicy::new().max_deliveries(3).backoff(Duration::from_millis(20), Duration::from_millis(50)));
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let s = stop.clone();
+    let runner = KafkaRunner::new(consumer_config(&brokers, &group), [topic.clone()], processor)
+        .dead_letter_topic(&dead);
+    let task = spawn_runner(runner.run(async move { s.notified().await }));
+    let dlq = dead_letters(&brokers, &dead, 1).await;
+    let moved_on = eventually(Duration::from_secs(30), || async {
+        tries.lock().unwrap().get("order-2") == Some(&1)
+    })
+    .await;
+    stop.notify_one();
+    task.await.unwrap();
+    assert!(moved_on, "order-2 was handled after order-1 was parked");
+    assert_eq!(tries.lock().unwrap()["order-1"], 3, "three deliveries, then the dead letter");
+    assert_eq!(dlq.len(), 1);
+    let error = header(&dlq[0], "idemkit-error").unwrap();
+    assert!(error.contains("the template cannot render this order") && error.contains("3"), "{error}");
+}
+
+/// The crash: a worker process exits right after the effect and its completion, before the
+/// offset is stored; a second worker process in the same group gets the message again.
+async fn a_worker_killed_before_the_commit(brokers: &str, protected: bool) -> BTreeMap<String, u32> {
+    let (topic, group, prefix) = (unique("orders"), unique("group"), unique("prefix"));
+    let mails = format!("{prefix}:mails");
+    create_topic(brokers, &topic, 1).await;
+    let p = producer(brokers);
+    produce(&p, &topic, 0, "order-3", "paid").await;
+    let worker = |extra: &[&str]| {
+        let mut c = tokio::process::Command::new(example("kafka_worker"));
+        c.args(["--brokers", brokers, "--topic", &topic, "--group", &group])
+            .args(["--redis", &redis_url(), "--prefix", &prefix, "--mails", &mails])
+            .args(extra)
+            .stdout(std::process::Stdio::null())
+            .kill_on_drop(true);
+        if !protected {
+            c.arg("--unprotected");
+        }
+        c
+    };
+    let first = tokio::time::timeout(Duration::from_secs(90), worker(&["--crash-after-effect"]).status())
+        .await
+        .expect("the first worker handled the message")
+        .unwrap();
+    assert_eq!(first.code(), Some(3), "the first worker crashed where it was told to");
+    let second = tokio::time::timeout(Duration::from_secs(90), worker(&["--exit-after", "1"]).status())
+        .await
+        .expect("the replacement got the message again")
+        .unwrap();
+    assert!(second.success());
+    effects(&mails).await
+}
+
+/// The example binary, built by `cargo test` beside this test.
+fn example(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let path = exe.parent().unwrap().parent().unwrap().join("examples").join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run the tests with `cargo test` (which builds the examples)",
+        path.display()
+    );
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_killed_after_the_effect_and_before_the_commit_does_not_repeat_it() {
+    let Some(brokers) = brokers() else { return };
+    let (with, without) = tokio::join!(
+        a_worker_killed_before_the_commit(&brokers, true),
+        a_worker_killed_before_the_commit(&brokers, false)
+    );
+    eprintln!("mails with idemkit {with:?}, without {without:?}");
+    assert_eq!(with["order-3"], 1, "with idemkit: the redelivery replays");
+    assert_eq!(without["order-3"], 2, "without: the redelivery mails again");
+}
+
+/// Two members of one group, the second joining while the first is mid-handler on every
+/// partition: the revoked in-flight messages go to the new owner uncommitted.
+async fn a_rebalance_mid_stream(brokers: &str, protected: bool) -> BTreeMap<String, u32> {
+    let (topic, group, prefix) = (unique("orders"), unique("group"), unique("prefix"));
+    let mails = format!("{prefix}:mails");
+    let partitions = 4;
+    create_topic(brokers, &topic, partitions).await;
+    let p = producer(brokers);
+    let orders: Vec<String> = (0..16).map(|i| format!("order-{i}")).collect();
+    for (i, o) in orders.iter().enumerate() {
+        produce(&p, &topic, i as i32 % partitions, o, "paid").await;
+    }
+    // The first member's handlers hold after their effect until the second member has
+    // received a message: a rebalance with every partition in flight.
+    let second_started = Arc::new(AtomicBool::new(false));
+    let (stop_a, stop_b) = (Arc::new(tokio::sync::Notify::new()), Arc::new(tokio::sync::Notify::new()));
+    let (sa, sb) = (stop_a.clone(), stop_b.clone());
+    let a = KafkaRunner::new(
+        consumer_config(brokers, &group),
+        [topic.clone()],
+        processor(store(&prefix).await, mails.clone(), protected, Some(second_started.clone()), None),
+    );
+    let a = spawn_runner(a.run(async move { sa.notified().await }));
+    // Wait until the first member is mid-handler on at least one message.
+    assert!(eventually(Duration::from_secs(60), || async { !effects(&mails).await.is_empty() }).await);
+    let b = KafkaRunner::new(
+        consumer_config(brokers, &group),
+        [topic.clone()],
+        processor(store(&prefix).await, mails.clone(), protected, None, Some(second_started.clone())),
+    );
+    let b = spawn_runner(b.run(async move { sb.notified().await }));
+    // The first member's handlers are released as soon as the second one receives a
+    // message (its key function or, unprotected, its handler runs).
+    let all = eventually(Duration::from_secs(90), || async {
+        let e = effects(&mails).await;
+        orders.iter().all(|o| e.contains_key(o))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop_a.notify_one();
+    stop_b.notify_one();
+    a.await.unwrap();
+    b.await.unwrap();
+    assert!(all, "every order was handled: nothing lost ({:?})", effects(&mails).await);
+    effects(&mails).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_consumers_with_a_rebalance_mid_stream_have_every_effect_once() {
+    let Some(brokers) = brokers() else { return };
+    let (with, without) = tokio::join!(
+        a_rebalance_mid_stream(&brokers, true),
+        a_rebalance_mid_stream(&brokers, false)
+    );
+    eprintln!("mails with idemkit {with:?}, without {without:?}");
+    assert!(with.values().all(|&n| n == 1), "with idemkit: every mail once: {with:?}");
+    let repeated = without.values().filter(|&&n| n > 1).count();
+    assert!(repeated > 0, "without: the revoked in-flight orders mail twice: {without:?}");
+}

