@@ -188,9 +188,8 @@ impl RetryPolicy {
         result: &Result<T, Error<E>>,
         delivery: u32,
     ) -> Settlement {
-        let error = match result {
-            Ok(_) => return Settlement::Ack,
-            Err(e) => e,
+        let Err(error) = result else {
+            return Settlement::Ack;
         };
         match (error, error.disposition()) {
             (_, Disposition::Ack) => Settlement::Ack,
@@ -198,7 +197,10 @@ impl RetryPolicy {
                 after: *retry_after,
             },
             (Error::Action(e), _) if delivery >= self.max_deliveries => Settlement::DeadLetter {
-                reason: format!("the handler failed on delivery {delivery} of {}: {e}", self.max_deliveries),
+                reason: format!(
+                    "the handler failed on delivery {delivery} of {}: {e}",
+                    self.max_deliveries
+                ),
             },
             (Error::Action(_), _) => Settlement::Retry {
                 after: self.delay(delivery),
@@ -475,7 +477,10 @@ mod tests {
                 after: Duration::from_millis(200)
             }
         );
-        assert!(matches!(s(Err(Error::Action("x")), 3), Settlement::DeadLetter { .. }));
+        assert!(matches!(
+            s(Err(Error::Action("x")), 3),
+            Settlement::DeadLetter { .. }
+        ));
         let down = Error::Store {
             phase: crate::Phase::Begin,
             source: crate::StoreError::unavailable("refused"),
@@ -536,7 +541,9 @@ mod tests {
             },
         );
         let out = p.process(&1, 1).await;
-        assert!(matches!(out.settlement, Settlement::DeadLetter { ref reason } if reason.contains("key")));
+        assert!(
+            matches!(out.settlement, Settlement::DeadLetter { ref reason } if reason.contains("key"))
+        );
         assert_eq!(runs.load(Ordering::SeqCst), 0);
     }
 }

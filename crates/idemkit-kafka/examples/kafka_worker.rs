@@ -50,15 +50,23 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         create_topic(&brokers, &topic).await;
     }
     if demo {
-        let p: rdkafka::producer::FutureProducer =
-            ClientConfig::new().set("bootstrap.servers", &brokers).create()?;
+        let p: rdkafka::producer::FutureProducer = ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .create()?;
         for order in ["order-7", "order-9", "order-9"] {
-            let record = rdkafka::producer::FutureRecord::to(&topic).key(order).payload("paid");
-            p.send(record, Duration::from_secs(10)).await.map_err(|(e, _)| e)?;
+            let record = rdkafka::producer::FutureRecord::to(&topic)
+                .key(order)
+                .payload("paid");
+            p.send(record, Duration::from_secs(10))
+                .await
+                .map_err(|(e, _)| e)?;
         }
     }
 
-    let store = RedisStore::builder().prefix(prefix).connect(&redis_url).await?;
+    let store = RedisStore::builder()
+        .prefix(prefix)
+        .connect(&redis_url)
+        .await?;
     let redis = redis::Client::open(redis_url.as_str())?
         .get_multiplexed_async_connection()
         .await?;
@@ -103,7 +111,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 (Settlement::Ack, Some(r)) => format!("ack {:?} {}", r.source, r.value),
                 (other, _) => format!("{other:?}"),
             };
-            println!("{} [{}@{}] {}: {how}", m.topic(), m.partition(), m.offset(), order_of(m));
+            println!(
+                "{} [{}@{}] {}: {how}",
+                m.topic(),
+                m.partition(),
+                m.offset(),
+                order_of(m)
+            );
             if crash {
                 // Killed after the effect and its completion, before the offset is stored:
                 // no destructor runs, nothing is committed.
@@ -127,7 +141,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn order_of(m: &OwnedMessage) -> &str {
-    m.key().and_then(|k| std::str::from_utf8(k).ok()).unwrap_or("")
+    m.key()
+        .and_then(|k| std::str::from_utf8(k).ok())
+        .unwrap_or("")
 }
 
 async fn create_topic(brokers: &str, topic: &str) {
@@ -136,9 +152,7 @@ async fn create_topic(brokers: &str, topic: &str) {
         .set("bootstrap.servers", brokers)
         .create()
         .expect("admin client");
-    let topics = [
-        NewTopic::new(topic, 1, TopicReplication::Fixed(1)),
-    ];
+    let topics = [NewTopic::new(topic, 1, TopicReplication::Fixed(1))];
     let dead = format!("{topic}.dead");
     let dead = [NewTopic::new(&dead, 1, TopicReplication::Fixed(1))];
     // Either may exist already.

@@ -48,7 +48,10 @@
 //!     Coordinator::new(MemoryStore::new()), // a RedisStore or PgStore in production
 //!     Operation::new("mail.invoice")?,
 //!     // The effect: the invoice of the order the message names, not the offset.
-//!     |m: &OwnedMessage| Key::compose([std::str::from_utf8(m.key().unwrap_or_default())?, "invoice"]),
+//!     |m: &OwnedMessage| {
+//!         let order = String::from_utf8_lossy(m.key().unwrap_or_default());
+//!         Key::compose([order.as_ref(), "invoice"])
+//!     },
 //!     |m: OwnedMessage, _attempt| async move {
 //!         // send the invoice mail; its id is stored and replayed to every redelivery
 //!         Ok::<_, std::io::Error>(format!("em_{}", m.offset()))
@@ -58,7 +61,7 @@
 //! config.set("bootstrap.servers", "127.0.0.1:9092").set("group.id", "invoices");
 //! KafkaRunner::new(config, ["orders.paid"], processor)
 //!     .dead_letter_topic("orders.paid.dead")
-//!     .run(tokio::signal::ctrl_c())
+//!     .run(async { let _ = tokio::signal::ctrl_c().await; })
 //!     .await?;
 //! # Ok(()) }
 //! ```
@@ -163,7 +166,10 @@ where
 
     /// Called with every settled message, after its dead-letter record (if any) was
     /// produced and before its offset is stored: for logging, metrics and tests.
-    pub fn on_settled(mut self, hook: impl Fn(&Settled<'_, H::Output>) + Send + Sync + 'static) -> Self {
+    pub fn on_settled(
+        mut self,
+        hook: impl Fn(&Settled<'_, H::Output>) + Send + Sync + 'static,
+    ) -> Self {
         self.on_settled = Some(Arc::new(hook));
         self
     }
@@ -191,11 +197,10 @@ where
             .set("enable.auto.offset.store", "false")
             .set("enable.auto.commit", "true");
         let revoked = Generations::default();
-        let consumer: Arc<StreamConsumer<RunnerContext>> = Arc::new(
-            config.create_with_context(RunnerContext {
+        let consumer: Arc<StreamConsumer<RunnerContext>> =
+            Arc::new(config.create_with_context(RunnerContext {
                 generations: revoked.clone(),
-            })?,
-        );
+            })?);
         let topics: Vec<&str> = self.topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
         let dead_letter = match &self.dead_letter {
@@ -328,8 +333,13 @@ impl ConsumerContext for RunnerContext {
     fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(list) = rebalance {
             for e in list.elements() {
-                tracing::debug!(topic = e.topic(), partition = e.partition(), "kafka runner: revoked");
-                self.generations.revoke((e.topic().to_owned(), e.partition()));
+                tracing::debug!(
+                    topic = e.topic(),
+                    partition = e.partition(),
+                    "kafka runner: revoked"
+                );
+                self.generations
+                    .revoke((e.topic().to_owned(), e.partition()));
             }
         }
     }
@@ -368,10 +378,10 @@ async fn partition_task<S, K, H>(
                 break 'messages;
             }
         };
-        if let Settlement::DeadLetter { reason } = &processed.settlement {
-            if !dead_letter(&shared, &message, reason, &current).await {
-                break;
-            }
+        if let Settlement::DeadLetter { reason } = &processed.settlement
+            && !dead_letter(&shared, &message, reason, &current).await
+        {
+            break;
         }
         if let Some(hook) = &shared.on_settled {
             hook(&Settled {
@@ -379,13 +389,10 @@ async fn partition_task<S, K, H>(
                 processed: &processed,
             });
         }
-        if current() {
-            if let Err(e) = shared
-                .consumer
-                .store_offset(&tp.0, tp.1, message.offset())
-            {
-                tracing::debug!(error = %e, topic = tp.0, partition = tp.1, "kafka runner: offset not stored");
-            }
+        if current()
+            && let Err(e) = shared.consumer.store_offset(&tp.0, tp.1, message.offset())
+        {
+            tracing::debug!(error = %e, topic = tp.0, partition = tp.1, "kafka runner: offset not stored");
         }
     }
 }
@@ -411,13 +418,28 @@ async fn dead_letter<S, K, H: Handle<OwnedMessage>>(
     let partition = message.partition().to_string();
     let offset = message.offset().to_string();
     let mut headers = OwnedHeaders::new()
-        .insert(Header { key: "idemkit-error", value: Some(reason) })
-        .insert(Header { key: "idemkit-topic", value: Some(message.topic()) })
-        .insert(Header { key: "idemkit-partition", value: Some(&partition) })
-        .insert(Header { key: "idemkit-offset", value: Some(&offset) });
+        .insert(Header {
+            key: "idemkit-error",
+            value: Some(reason),
+        })
+        .insert(Header {
+            key: "idemkit-topic",
+            value: Some(message.topic()),
+        })
+        .insert(Header {
+            key: "idemkit-partition",
+            value: Some(&partition),
+        })
+        .insert(Header {
+            key: "idemkit-offset",
+            value: Some(&offset),
+        });
     if let Some(original) = message.headers() {
         for h in original.iter() {
-            headers = headers.insert(Header { key: h.key, value: h.value });
+            headers = headers.insert(Header {
+                key: h.key,
+                value: h.value,
+            });
         }
     }
     let mut backoff = Duration::from_millis(100);

