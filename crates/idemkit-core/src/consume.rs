@@ -358,33 +358,137 @@ impl<S: Store, K, H> Processor<S, K, H> {
         K: Fn(&M) -> Result<Key, KeyError>,
         H: Handle<M>,
     {
-        let result = if self.protected {
-            let key = match (self.key)(message) {
-                Ok(key) => key,
-                Err(e) => {
-                    return Processed {
-                        settlement: self.retry.settle_key_error(&e),
-                        receipt: None,
-                        error: None,
-                    };
+        if !self.protected {
+            return self.unprotected(message, delivery).await;
+        }
+        match (self.key)(message) {
+            Ok(key) => self.run(message, &key, None, delivery).await,
+            Err(e) => self.key_failed(&e),
+        }
+    }
+
+    /// Runs the first delivery of each message of a batch, in order, their keys reserved
+    /// together first ([`Coordinator::prepare`]: one store round trip for the batch where
+    /// the store can, instead of one per message). Stops after the first message that is
+    /// not settled for good (`Retry`): the result holds the settled prefix and that message,
+    /// which the runner retries (with [`process`](Processor::process)) before it goes on with
+    /// the rest; the rest's reservations are released.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use idemkit_core::consume::{Processor, Settlement};
+    /// use idemkit_core::{Coordinator, Key, MemoryStore, Operation};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
+    /// let p = Processor::new(
+    ///     Coordinator::new(MemoryStore::new()),
+    ///     Operation::new("mail.invoice")?,
+    ///     |order: &String| Key::compose([order.as_str(), "invoice"]),
+    ///     |order: String, _| async move { Ok::<_, std::io::Error>(format!("em_{order}")) },
+    /// );
+    /// let batch = ["order-1".to_string(), "order-2".into(), "order-1".into()];
+    /// let out = p.process_batch(&batch).await;
+    /// assert_eq!(out.len(), 3);
+    /// assert!(out.iter().all(|o| o.settlement == Settlement::Ack));
+    /// assert!(out[2].receipt.as_ref().unwrap().is_replay());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub async fn process_batch<M>(&self, messages: &[M]) -> Vec<Processed<H::Output>>
+    where
+        M: Clone,
+        K: Fn(&M) -> Result<Key, KeyError>,
+        H: Handle<M>,
+    {
+        let mut out = Vec::with_capacity(messages.len());
+        if !self.protected {
+            for m in messages {
+                let processed = self.unprotected(m, 1).await;
+                let stop = !processed.settlement.is_final();
+                out.push(processed);
+                if stop {
+                    break;
                 }
+            }
+            return out;
+        }
+        let keys: Vec<Result<Key, KeyError>> = messages.iter().map(|m| (self.key)(m)).collect();
+        let valid: Vec<Key> = keys.iter().filter_map(|k| k.as_ref().ok().cloned()).collect();
+        let mut prepared = self
+            .coordinator
+            .prepare(&self.operation, &valid)
+            .await
+            .into_iter();
+        for (m, key) in messages.iter().zip(keys) {
+            let processed = match key {
+                Ok(key) => self.run(m, &key, prepared.next(), 1).await,
+                Err(e) => self.key_failed(&e),
             };
-            let mut call = self.coordinator.call(&self.operation, &key);
-            if let Some(in_flight) = self.in_flight {
-                call = call.in_flight(in_flight);
+            let stop = !processed.settlement.is_final();
+            out.push(processed);
+            if stop {
+                break;
             }
-            if let Some(ttl) = self.ttl {
-                call = call.ttl(ttl);
-            }
-            call.run(|attempt| self.handler.handle(message.clone(), attempt))
-                .await
-        } else {
-            self.handler
-                .handle(message.clone(), Attempt::unprotected())
-                .await
-                .map(|v| Receipt::new(v, crate::Source::Unprotected, None))
-                .map_err(Error::Action)
-        };
+        }
+        out
+    }
+
+    fn key_failed<T>(&self, e: &KeyError) -> Processed<T> {
+        Processed {
+            settlement: self.retry.settle_key_error(e),
+            receipt: None,
+            error: None,
+        }
+    }
+
+    async fn run<M>(
+        &self,
+        message: &M,
+        key: &Key,
+        prepared: Option<crate::Prepared<S>>,
+        delivery: u32,
+    ) -> Processed<H::Output>
+    where
+        M: Clone,
+        H: Handle<M>,
+    {
+        let mut call = self.coordinator.call(&self.operation, key);
+        if let Some(in_flight) = self.in_flight {
+            call = call.in_flight(in_flight);
+        }
+        if let Some(ttl) = self.ttl {
+            call = call.ttl(ttl);
+        }
+        if let Some(p) = prepared {
+            call = call.prepared(p);
+        }
+        let result = call
+            .run(|attempt| self.handler.handle(message.clone(), attempt))
+            .await;
+        self.settled(result, delivery)
+    }
+
+    async fn unprotected<M>(&self, message: &M, delivery: u32) -> Processed<H::Output>
+    where
+        M: Clone,
+        H: Handle<M>,
+    {
+        let result = self
+            .handler
+            .handle(message.clone(), Attempt::unprotected())
+            .await
+            .map(|v| Receipt::new(v, crate::Source::Unprotected, None))
+            .map_err(Error::Action);
+        self.settled(result, delivery)
+    }
+
+    fn settled<T, E: fmt::Display>(
+        &self,
+        result: Result<Receipt<T>, Error<E>>,
+        delivery: u32,
+    ) -> Processed<T> {
         let settlement = self.retry.settle(&result, delivery);
         match result {
             Ok(receipt) => Processed {

@@ -21,6 +21,10 @@ trait Erased: Send + Sync + 'static {
     fn max_ttl(&self) -> Duration;
     fn call_timeout(&self) -> Option<Duration>;
     fn begin<'a>(&'a self, req: &'a BeginRequest<'a>) -> BoxFuture<'a, Result<Claim, StoreError>>;
+    fn begin_many<'a>(
+        &'a self,
+        reqs: &'a [BeginRequest<'a>],
+    ) -> BoxFuture<'a, Vec<Result<Claim, StoreError>>>;
     fn renew<'a>(
         &'a self,
         key: &'a StorageKey,
@@ -81,6 +85,12 @@ macro_rules! erase_store {
                 req: &'a BeginRequest<'a>,
             ) -> BoxFuture<'a, Result<Claim, StoreError>> {
                 Box::pin(self.0.begin(req))
+            }
+            fn begin_many<'a>(
+                &'a self,
+                reqs: &'a [BeginRequest<'a>],
+            ) -> BoxFuture<'a, Vec<Result<Claim, StoreError>>> {
+                Box::pin(self.0.begin_many(reqs))
             }
             fn renew<'a>(
                 &'a self,
@@ -222,6 +232,10 @@ impl Store for DynStore {
 
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Claim, StoreError> {
         self.0.begin(req).await
+    }
+
+    async fn begin_many(&self, reqs: &[BeginRequest<'_>]) -> Vec<Result<Claim, StoreError>> {
+        self.0.begin_many(reqs).await
     }
 
     async fn renew(

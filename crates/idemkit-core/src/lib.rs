@@ -62,7 +62,9 @@ pub mod record;
 pub mod store;
 
 pub use codec::{BytesCodec, Codec, JsonCodec};
-pub use coordinator::{Attempt, Call, Completer, Coordinator, CoordinatorBuilder, Receipt, Source};
+pub use coordinator::{
+    Attempt, Call, Completer, Coordinator, CoordinatorBuilder, Prepared, Receipt, Source,
+};
 pub use dynamic::DynStore;
 pub use error::{Disposition, Error, ErrorKind, Phase};
 pub use fingerprint::Fingerprint;

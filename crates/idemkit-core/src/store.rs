@@ -471,6 +471,42 @@ pub trait Store: Clone + Send + Sync + 'static {
         req: &BeginRequest<'_>,
     ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
 
+    /// [`begin`](Store::begin) for several keys at once: the claim of each request, in the
+    /// order given, each exactly what `begin` would have answered for it alone. The keys must
+    /// be distinct (the coordinator never sends one twice in a batch). Stores that can do it
+    /// in one round trip override this (Redis: one script call per slot; PostgreSQL: one
+    /// statement); the default sends one `begin` after the other.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idemkit_core::{BeginRequest, Claim, Key, MemoryStore, Operation, OwnerToken, StorageKey, Store};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
+    /// let store = MemoryStore::new();
+    /// let op = Operation::new("op")?;
+    /// let keys = [StorageKey::new(&op, None, &Key::new("a")?), StorageKey::new(&op, None, &Key::new("b")?)];
+    /// let reqs: Vec<_> = keys.iter().map(|k| BeginRequest::new(k, OwnerToken::random(), Duration::from_secs(15))).collect();
+    /// let claims = store.begin_many(&reqs).await;
+    /// assert!(claims.iter().all(|c| matches!(c, Ok(Claim::Reserved { .. }))));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn begin_many(
+        &self,
+        reqs: &[BeginRequest<'_>],
+    ) -> impl Future<Output = Vec<Result<Claim, StoreError>>> + Send {
+        async move {
+            let mut claims = Vec::with_capacity(reqs.len());
+            for req in reqs {
+                claims.push(self.begin(req).await);
+            }
+            claims
+        }
+    }
+
     /// Extend the lease to `lease` from now, only if `ownership` (owner token *and* fencing
     /// token) still owns a live reservation; otherwise [`StoreErrorKind::LeaseLost`] and
     /// nothing changes.

@@ -453,3 +453,109 @@ pub async fn durations_at_the_extremes<H: Harness>(h: &H) {
     }
     assert_eq!(mailer.sent(), 1);
 }
+
+/// A batch reserved with `prepare`: each effect runs once (a key given twice runs once, a
+/// completed key replays), and a prepared reservation that no call takes is released when
+/// dropped, rather than left to block its key for the lease.
+pub async fn a_prepared_batch_runs_each_effect_once<H: Harness>(h: &H) {
+    let store = h.store().await;
+    // A long lease: only a release frees the unused reservation within the check's time.
+    let c = Coordinator::builder(store.clone()).policy(policy(60_000)).build();
+    let op = operation();
+    let (a, b, done) = (
+        fresh_key("batch-a"),
+        fresh_key("batch-b"),
+        fresh_key("batch-done"),
+    );
+    c.call(&op, &done)
+        .run(|_| async { Ok::<_, Infallible>("first".to_string()) })
+        .await
+        .expect("the completed key");
+    let keys = [a.clone(), done.clone(), a.clone(), b.clone()];
+    let prepared = c.prepare(&op, &keys).await;
+    assert_eq!(prepared.len(), 4);
+    let reserved: Vec<bool> = prepared.iter().map(|p| p.is_reserved()).collect();
+    assert_eq!(reserved, [true, false, false, true], "{prepared:?}");
+    let runs = AtomicUsize::new(0);
+    let mut prepared = prepared.into_iter();
+    let mut values = Vec::new();
+    for key in &keys[..3] {
+        let p = prepared.next().expect("one per key");
+        let receipt = c
+            .call(&op, key)
+            .prepared(p)
+            .run(|_| async {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, Infallible>(format!("v-{key}"))
+            })
+            .await
+            .expect("call");
+        values.push((receipt.value, receipt.source));
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "only a's first copy ran: {values:?}");
+    assert_eq!(values[0], (format!("v-{a}"), Source::Fresh));
+    assert_eq!(values[1], ("first".to_string(), Source::Replayed));
+    assert_eq!(values[2], (format!("v-{a}"), Source::Replayed));
+    // b's reservation is dropped unused: released (from a background task).
+    drop(prepared);
+    let b_key = StorageKey::new(&op, None, &b);
+    let mut released = false;
+    for _ in 0..250 {
+        if store.get(&b_key).await.expect("get").is_none() {
+            released = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(released, "an unused prepared reservation is released");
+    let r = c
+        .call(&op, &b)
+        .in_flight(InFlight::Reject)
+        .run(|_| async { Ok::<_, Infallible>("b".to_string()) })
+        .await
+        .expect("b is free");
+    assert_eq!(r.source, Source::Fresh);
+}
+
+/// A prepared reservation that waited longer than a renewal interval is confirmed by a
+/// `begin` with its owner token before the action runs: the action runs once, on a lease
+/// the store has just confirmed, and a duplicate that came meanwhile is not run.
+pub async fn a_stale_prepared_claim_is_confirmed_before_the_action<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let c = Coordinator::builder(store.clone()).policy(policy(600)).build();
+    let op = operation();
+    let key = fresh_key("batch-stale");
+    let mut prepared = c.prepare(&op, std::slice::from_ref(&key)).await;
+    let p = prepared.pop().expect("one");
+    assert!(p.is_reserved());
+    // Longer than a renewal interval (200 ms), shorter than the lease.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A duplicate meanwhile finds the batch's reservation in flight.
+    let dup = c
+        .call(&op, &key)
+        .in_flight(InFlight::Reject)
+        .run(|_| async { Ok::<_, Infallible>("dup".to_string()) })
+        .await;
+    assert!(matches!(dup, Err(Error::InFlight { .. })), "{dup:?}");
+    let runs = AtomicUsize::new(0);
+    let r = c
+        .call(&op, &key)
+        .prepared(p)
+        .run(|attempt| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            async move {
+                assert!(!attempt.is_lease_lost(), "runs on a confirmed lease");
+                Ok::<_, Infallible>("once".to_string())
+            }
+        })
+        .await
+        .expect("the prepared call");
+    assert_eq!((r.value.as_str(), r.source), ("once", Source::Fresh));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let again = c
+        .call(&op, &key)
+        .run(|_| async { Ok::<_, Infallible>("again".to_string()) })
+        .await
+        .expect("replay");
+    assert_eq!(again.value, "once");
+}

@@ -125,7 +125,8 @@ macro_rules! __with_checks {
             the_longest_durations_are_kept,
             two_waiters_are_both_woken,
             a_cancelled_wait_leaves_the_key_wakeable,
-            complete_after_expiry_before_takeover_is_refused
+            complete_after_expiry_before_takeover_is_refused,
+            begin_many_answers_each_key_as_begin_would
         }
     };
 }
@@ -160,7 +161,9 @@ macro_rules! __with_coordinator_checks {
             a_short_outage_at_completion_is_retried,
             a_store_outage_fails_closed_or_open,
             a_permanent_error_is_stored_and_replayed,
-            durations_at_the_extremes
+            durations_at_the_extremes,
+            a_prepared_batch_runs_each_effect_once,
+            a_stale_prepared_claim_is_confirmed_before_the_action
         }
     };
 }

@@ -738,3 +738,52 @@ pub async fn complete_after_expiry_before_takeover_is_refused<H: Harness>(h: &H)
         Claim::Reserved { .. }
     ));
 }
+
+/// `begin_many` answers each key as `begin` would, in order: a completed key is replayed,
+/// a key another owner holds is in flight, a fresh key is reserved for its request's owner;
+/// an empty batch is answered with nothing.
+pub async fn begin_many_answers_each_key_as_begin_would<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let (done, held, fresh) = (
+        unique_key("many-done"),
+        unique_key("many-held"),
+        unique_key("many-fresh"),
+    );
+    let d = reserve(&store, &done).await;
+    store
+        .complete(&done, &d, &value("\"em_1\""))
+        .await
+        .expect("complete");
+    let other = reserve(&store, &held).await;
+    let reqs = [req(&done), req(&held), req(&fresh)];
+    let claims = store.begin_many(&reqs).await;
+    assert_eq!(claims.len(), 3, "one claim per key: {claims:?}");
+    match &claims[0] {
+        Ok(Claim::Replay(r)) => {
+            assert_eq!(r.fencing, d.fencing);
+            assert_eq!(&r.outcome.bytes()[..], b"\"em_1\"");
+        }
+        other => panic!("a completed key: expected a replay, got {other:?}"),
+    }
+    match &claims[1] {
+        Ok(Claim::InFlight { fencing, .. }) => assert_eq!(*fencing, other.fencing),
+        other => panic!("a held key: expected in flight, got {other:?}"),
+    }
+    let mine = match &claims[2] {
+        Ok(Claim::Reserved { ownership, .. }) => *ownership,
+        other => panic!("a fresh key: expected a reservation, got {other:?}"),
+    };
+    assert_eq!(mine.owner, reqs[2].owner, "reserved for its request's owner");
+    // The batch's reservation is a real one: its owner completes it, and a second batch
+    // with the same owner token is answered as that reservation (a retried batch).
+    let again = store.begin_many(&[reqs[2]]).await;
+    assert!(
+        matches!(&again[0], Ok(Claim::Reserved { ownership, .. }) if *ownership == mine),
+        "{again:?}"
+    );
+    store
+        .complete(&fresh, &mine, &value("\"em_2\""))
+        .await
+        .expect("the batch's owner completes");
+    assert!(store.begin_many(&[]).await.is_empty());
+}

@@ -242,7 +242,7 @@ impl Attempt {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[must_use = "a call does nothing until `run` is awaited"]
-pub struct Call<'a, S, C> {
+pub struct Call<'a, S: Store, C> {
     pub(super) coordinator: Cow<'a, Coordinator<S>>,
     pub(super) operation: Cow<'a, Operation>,
     pub(super) key: Cow<'a, Key>,
@@ -252,9 +252,12 @@ pub struct Call<'a, S, C> {
     pub(super) ttl: Option<Duration>,
     pub(super) policy: Policy,
     pub(super) codec: C,
+    /// Set by [`Call::prepared`]: a claim from a batch, used instead of the first `begin`.
+    /// Boxed: rarely set, and the call is moved on every call.
+    pub(super) prepared: Option<Box<super::batch::Prepared<S>>>,
 }
 
-impl<S, C: fmt::Debug> fmt::Debug for Call<'_, S, C> {
+impl<S: Store, C: fmt::Debug> fmt::Debug for Call<'_, S, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Call")
             .field("operation", &self.operation)
@@ -284,6 +287,7 @@ impl<'a, S: Store> Call<'a, S, crate::JsonCodec> {
             ttl: None,
             policy,
             codec: crate::JsonCodec,
+            prepared: None,
         }
     }
 }
@@ -410,7 +414,23 @@ impl<'a, S: Store, C> Call<'a, S, C> {
             ttl: self.ttl,
             policy: self.policy,
             codec,
+            prepared: self.prepared,
         }
+    }
+
+    /// Uses a claim from a batch ([`Coordinator::prepare`]) instead of this call's first
+    /// `begin`, saving its round trip. A claim for another key, or one made stale by a long
+    /// wait in its batch, is not trusted: the call sends its own `begin` (with the claim's
+    /// owner token, so a reservation the batch made is confirmed, not waited on). Ignored
+    /// when the call has a fingerprint or a scope (a batch reserves without either): the
+    /// claim is released and the call begins as usual.
+    ///
+    /// # Example
+    ///
+    /// See [`Coordinator::prepare`].
+    pub fn prepared(mut self, prepared: super::batch::Prepared<S>) -> Self {
+        self.prepared = Some(Box::new(prepared));
+        self
     }
 
     /// Runs the action at most once for this key and returns its value, or replays the stored

@@ -70,7 +70,7 @@ impl<S: Store, C> Call<'_, S, C> {
 
     /// Runs the call inside its span (`idemkit.call`, with `operation` and `key`).
     pub(super) async fn execute<T, E, F, Fut, P, K>(
-        self,
+        mut self,
         action: F,
         errors: P,
         completer: Option<K>,
@@ -91,12 +91,14 @@ impl<S: Store, C> Call<'_, S, C> {
             Ok(e) => e,
             Err(reason) => return Err(Error::Config { reason }),
         };
+        let prepared = self.prepared.take();
         // Without a subscriber that wants the span, skip the wrapper: instrumenting moves the
         // whole call's state into it, on every call.
         if span.is_disabled() {
-            self.drive(&effective, action, &errors, completer).await
+            self.drive(&effective, action, &errors, completer, prepared)
+                .await
         } else {
-            self.drive(&effective, action, &errors, completer)
+            self.drive(&effective, action, &errors, completer, prepared)
                 .instrument(span)
                 .await
         }
@@ -108,6 +110,7 @@ impl<S: Store, C> Call<'_, S, C> {
         action: F,
         errors: &P,
         completer: Option<K>,
+        prepared: Option<Box<super::batch::Prepared<S>>>,
     ) -> Result<Receipt<T>, Error<E>>
     where
         C: Codec<T>,
@@ -120,19 +123,34 @@ impl<S: Store, C> Call<'_, S, C> {
         let op: &crate::Operation = &self.operation;
         let policy = &effective.policy;
         let key = StorageKey::new(op, self.scope.as_deref(), &self.key);
-        let owner = OwnerToken::random();
+        // Row 31: a claim from a batch stands in for the first `begin` while it is fresh.
+        let (owner, mut first) = match prepared.and_then(|p| {
+            if self.fingerprint.is_some() {
+                return None; // a batch reserves without fingerprints: not this call's claim
+            }
+            p.take_for(&key, policy.renew_every())
+        }) {
+            Some(taken) => (taken.owner, taken.claim),
+            None => (OwnerToken::random(), None),
+        };
         let req = BeginRequest::new(&key, owner, policy.lease).with_fingerprint(self.fingerprint);
         let mut wait_deadline = None;
 
         loop {
-            let started = now();
-            let begin = bounded(
-                policy.store_timeout,
-                store.call_timeout(),
-                store.begin(&req),
-            )
-            .await;
-            op.metrics().timing(Phase::Begin, started);
+            let (begin, started) = match first.take() {
+                Some((claim, sent_at)) => (claim, sent_at),
+                None => {
+                    let started = now();
+                    let begin = bounded(
+                        policy.store_timeout,
+                        store.call_timeout(),
+                        store.begin(&req),
+                    )
+                    .await;
+                    op.metrics().timing(Phase::Begin, started);
+                    (begin, started)
+                }
+            };
             match begin {
                 // Rows 1, 4 and 24: ours, fresh, taken over from an expired owner, or our own
                 // reservation answered again.

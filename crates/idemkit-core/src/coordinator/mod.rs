@@ -10,12 +10,14 @@
 //! - `errors`: how an action's error is released or stored;
 //! - `complete`: completion by a [`Completer`] (the caller's transaction) instead of the store.
 
+mod batch;
 mod call;
 mod complete;
 mod drive;
 mod errors;
 mod lease;
 
+pub use batch::Prepared;
 pub use call::{Attempt, Call, Receipt, Source};
 pub use complete::Completer;
 pub(crate) use lease::after;

@@ -1,0 +1,182 @@
+//! Batch reservation (ARCHITECTURE.md row 31): the keys of a batch of messages reserved in
+//! one store round trip ([`Store::begin_many`]), each claim then handed to its own call,
+//! which goes on exactly as if its `begin` had just answered.
+//!
+//! A prepared claim is the answer of a `begin` sent at `sent_at` with the owner token its
+//! call will use. The call trusts it only while it is fresh: a reservation older than a
+//! renewal interval (a third of the lease) is confirmed by a `begin` with the same owner
+//! token first (a live reservation of that owner is answered as `Reserved` with its fencing
+//! token; an expired one is reserved anew or found taken over). So a message that waited
+//! behind slow handlers of its batch never runs on a lease that may have run out. A prepared
+//! reservation that no call takes (the batch was abandoned: a revocation, a shutdown, an
+//! earlier message that must be retried first) is released when it is dropped.
+
+use std::fmt;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::Coordinator;
+use crate::clock::now;
+use crate::error::Phase;
+use crate::ident::{Key, Operation, StorageKey};
+use crate::record::OwnerToken;
+use crate::store::{BeginRequest, Claim, Store, StoreError};
+
+/// One key of a batch, reserved (or found completed, in flight, ...) ahead of its call by
+/// [`Coordinator::prepare`]; give it to the call with [`Call::prepared`](super::Call::prepared).
+///
+/// Dropped without being used, it releases its reservation (from a background task).
+pub struct Prepared<S: Store> {
+    store: S,
+    key: StorageKey,
+    owner: OwnerToken,
+    claim: Option<Result<Claim, StoreError>>,
+    sent_at: Instant,
+}
+
+impl<S: Store> fmt::Debug for Prepared<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Prepared")
+            .field("key", &self.key)
+            .field("claim", &self.claim)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a call takes from its prepared claim.
+pub(super) struct Taken {
+    pub(super) owner: OwnerToken,
+    /// The claim and when its `begin` was sent; `None` when the call must `begin` again
+    /// (with this owner token) before trusting it.
+    pub(super) claim: Option<(Result<Claim, StoreError>, Instant)>,
+}
+
+impl<S: Store> Prepared<S> {
+    /// Whether the store answered with a reservation for this batch.
+    pub fn is_reserved(&self) -> bool {
+        matches!(self.claim, Some(Ok(Claim::Reserved { .. })))
+    }
+
+    /// Hands the claim to the call of `key`, if it is this one's and no fingerprint is
+    /// involved (a batch reserves without fingerprints).
+    pub(super) fn take_for(mut self, key: &StorageKey, fresh_for: Duration) -> Option<Taken> {
+        if &self.key != key {
+            return None; // dropped: released
+        }
+        let claim = self.claim.take()?;
+        let fresh = now().saturating_duration_since(self.sent_at) < fresh_for;
+        Some(Taken {
+            owner: self.owner,
+            claim: match (&claim, fresh) {
+                (_, true) => Some((claim, self.sent_at)),
+                // Stale: a begin with the same owner token confirms (or replaces) it.
+                (Ok(Claim::Reserved { .. }), false) => None,
+                // Stale news of someone else's record: ask again.
+                (_, false) => None,
+            },
+        })
+    }
+}
+
+impl<S: Store> Drop for Prepared<S> {
+    fn drop(&mut self) {
+        let Some(Ok(Claim::Reserved { ownership, .. })) = self.claim.take() else {
+            return;
+        };
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return; // no runtime: the lease expires on its own
+        };
+        let (store, key) = (self.store.clone(), self.key.clone());
+        handle.spawn(async move {
+            if let Err(e) = store.release(&key, &ownership).await
+                && !e.is_lease_lost()
+            {
+                tracing::warn!(key = %key, error = %e,
+                    "releasing an unused batch reservation failed; it expires with its lease");
+            }
+        });
+    }
+}
+
+impl<S: Store> Coordinator<S> {
+    /// Reserves the keys of a batch (one message's effect each, in the order given) in one
+    /// store round trip where the store can ([`Store::begin_many`]), with `operation`'s
+    /// policy lease. Each [`Prepared`] goes to its message's call
+    /// ([`Call::prepared`](super::Call::prepared)), which then skips its own `begin`: a batch
+    /// of `n` first deliveries costs one `begin` round trip instead of `n`; a redelivered
+    /// batch learns all its replays at once.
+    ///
+    /// A key given twice is reserved once: its later copies get a `Prepared` without a
+    /// claim, and their calls `begin` as usual (they find the first copy's record).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use idemkit_core::{Coordinator, Key, MemoryStore, Operation};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
+    /// let c = Coordinator::new(MemoryStore::new());
+    /// let op = Operation::new("mail.invoice")?;
+    /// let keys = [Key::new("order-1.invoice")?, Key::new("order-2.invoice")?];
+    /// let prepared = c.prepare(&op, &keys).await;
+    /// for (key, p) in keys.iter().zip(prepared) {
+    ///     let receipt = c.call(&op, key).prepared(p)
+    ///         .run(|_| async { Ok::<_, std::io::Error>("sent".to_string()) })
+    ///         .await?;
+    ///     assert!(!receipt.is_replay());
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub async fn prepare(&self, operation: &Operation, keys: &[Key]) -> Vec<Prepared<S>> {
+        let store = self.store();
+        let lease = self
+            .policy_for(operation)
+            .lease
+            .min(store.max_ttl())
+            .max(crate::policy::MIN_LEASE);
+        let storage: Vec<StorageKey> = keys
+            .iter()
+            .map(|k| StorageKey::new(operation, None, k))
+            .collect();
+        let owners: Vec<OwnerToken> = keys.iter().map(|_| OwnerToken::random()).collect();
+        // The first copy of each key goes to the store; later copies get no claim.
+        let mut first = Vec::with_capacity(keys.len());
+        let mut seen = std::collections::HashSet::with_capacity(keys.len());
+        for (i, k) in storage.iter().enumerate() {
+            if seen.insert(k) {
+                first.push(i);
+            }
+        }
+        let reqs: Vec<BeginRequest<'_>> = first
+            .iter()
+            .map(|&i| BeginRequest::new(&storage[i], owners[i], lease))
+            .collect();
+        let sent_at = now();
+        let mut claims = store.begin_many(&reqs).await.into_iter();
+        operation.metrics().timing(Phase::Begin, sent_at);
+        drop(reqs);
+        let mut out: Vec<Prepared<S>> = storage
+            .into_iter()
+            .zip(owners)
+            .map(|(key, owner)| Prepared {
+                store: store.clone(),
+                key,
+                owner,
+                claim: None,
+                sent_at,
+            })
+            .collect();
+        for i in first {
+            out[i].claim = Some(claims.next().unwrap_or_else(|| {
+                Err(StoreError::new(
+                    crate::StoreErrorKind::Rejected,
+                    "the store answered fewer claims than keys",
+                ))
+            }));
+        }
+        out
+    }
+}
