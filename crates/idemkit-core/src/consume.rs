@@ -415,7 +415,10 @@ impl<S: Store, K, H> Processor<S, K, H> {
             return out;
         }
         let keys: Vec<Result<Key, KeyError>> = messages.iter().map(|m| (self.key)(m)).collect();
-        let valid: Vec<Key> = keys.iter().filter_map(|k| k.as_ref().ok().cloned()).collect();
+        let valid: Vec<Key> = keys
+            .iter()
+            .filter_map(|k| k.as_ref().ok().cloned())
+            .collect();
         let mut prepared = self
             .coordinator
             .prepare(&self.operation, &valid)

@@ -286,6 +286,58 @@ impl RedisStore {
     }
 }
 
+/// The claim a `begin.lua` reply (or one item of `begin_many.lua`'s) stands for.
+fn claim_of(req: &BeginRequest<'_>, reply: Value) -> Result<Claim, StoreError> {
+    match reply {
+        Value::Int(0) => Ok(Claim::Mismatch),
+        Value::Int(fencing) => {
+            let lease = Ownership::new(req.owner, FencingToken::new(fencing as u64));
+            Ok(Claim::Reserved {
+                ownership: lease,
+                // Redis cannot tell an expired reservation from an absent key: PX
+                // removed it. Takeovers are not reported (see DESIGN.md).
+                took_over: false,
+            })
+        }
+        // A completed record to replay (its result shares the reply's buffer), or
+        // foreign bytes (decoding reports them).
+        Value::BulkString(bytes) => {
+            let record = Record::decode_shared(bytes.into()).map_err(StoreError::corrupt)?;
+            match record.state {
+                RecordState::Completed(outcome) => {
+                    Ok(Claim::Replay(Replay::new(record.fencing, outcome)))
+                }
+                _ => Err(StoreError::corrupt("a reservation returned as a result")),
+            }
+        }
+        // A live reservation of another owner, its remaining lease and Redis' clock.
+        Value::Array(mut items) => {
+            let pttl = int(items.get(1))?;
+            let now_us = int(items.get(2))?;
+            let record = match items.first_mut() {
+                Some(Value::BulkString(b)) => {
+                    clear_watched(b);
+                    decode(b)?
+                }
+                other => return Err(unexpected(other.as_deref())),
+            };
+            if pttl < 0 {
+                // We always write reservations with an expiry: one without (PERSIST, a
+                // hand-made SET) would block the key for ever and make waiters spin.
+                return Err(StoreError::corrupt("a reservation without an expiry"));
+            }
+            // The fencing token is Redis' clock in µs when the reservation was made.
+            let held_us = (now_us as u64).saturating_sub(record.fencing.get());
+            Ok(Claim::InFlight {
+                retry_after: Duration::from_millis(pttl as u64),
+                fencing: record.fencing,
+                held_for: Some(Duration::from_micros(held_us)),
+            })
+        }
+        other => Err(unexpected(Some(&other))),
+    }
+}
+
 /// The guarded half of [`RedisStore::eval_guarded`].
 async fn eval_durable(
     durable: &Durable,
@@ -329,6 +381,16 @@ async fn eval_on<T: redis::FromRedisValue>(
         .arg(1)
         .arg(rkey);
     args(&mut cmd);
+    query_loading(conn, &cmd, lua).await
+}
+
+/// Sends `cmd`, an `EVALSHA` of `lua`; after a server restart (`NOSCRIPT`) loads the script
+/// and sends it again.
+async fn query_loading<T: redis::FromRedisValue>(
+    conn: &mut Conn,
+    cmd: &Cmd,
+    lua: &scripts::Lua,
+) -> Result<T, StoreError> {
     match cmd.query_async(conn).await {
         Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
             tracing::debug!("script not in the server's cache (restarted?): loading it");
@@ -372,64 +434,93 @@ impl Store for RedisStore {
                 |reply| matches!(reply, Value::Int(n) if *n > 0),
             )
             .await?;
-        match reply {
-            Value::Int(0) => Ok(Claim::Mismatch),
-            Value::Int(fencing) => {
-                let lease = Ownership::new(req.owner, FencingToken::new(fencing as u64));
-                if let Err(e) = acked {
-                    // Not durable: give the key back, so that nobody waits for a
-                    // reservation whose caller is told nothing ran (best effort: if this
-                    // fails too, the lease expires).
-                    if let Err(release) = self.release(req.key, &lease).await {
-                        tracing::warn!(key = %req.key, error = %release,
-                            "releasing an unacknowledged reservation failed; it expires with its lease");
-                    }
-                    return Err(e);
-                }
-                Ok(Claim::Reserved {
-                    ownership: lease,
-                    // Redis cannot tell an expired reservation from an absent key: PX
-                    // removed it. Takeovers are not reported (see DESIGN.md).
-                    took_over: false,
-                })
+        if let (Value::Int(fencing @ 1..), Err(e)) = (&reply, acked) {
+            // Not durable: give the key back, so that nobody waits for a reservation whose
+            // caller is told nothing ran (best effort: if this fails too, the lease expires).
+            let lease = Ownership::new(req.owner, FencingToken::new(*fencing as u64));
+            if let Err(release) = self.release(req.key, &lease).await {
+                tracing::warn!(key = %req.key, error = %release,
+                    "releasing an unacknowledged reservation failed; it expires with its lease");
             }
-            // A completed record to replay (its result shares the reply's buffer), or
-            // foreign bytes (decoding reports them).
-            Value::BulkString(bytes) => {
-                let record = Record::decode_shared(bytes.into()).map_err(StoreError::corrupt)?;
-                match record.state {
-                    RecordState::Completed(outcome) => {
-                        Ok(Claim::Replay(Replay::new(record.fencing, outcome)))
-                    }
-                    _ => Err(StoreError::corrupt("a reservation returned as a result")),
-                }
-            }
-            // A live reservation of another owner, its remaining lease and Redis' clock.
-            Value::Array(mut items) => {
-                let pttl = int(items.get(1))?;
-                let now_us = int(items.get(2))?;
-                let record = match items.first_mut() {
-                    Some(Value::BulkString(b)) => {
-                        clear_watched(b);
-                        decode(b)?
-                    }
-                    other => return Err(unexpected(other.as_deref())),
-                };
-                if pttl < 0 {
-                    // We always write reservations with an expiry: one without (PERSIST, a
-                    // hand-made SET) would block the key for ever and make waiters spin.
-                    return Err(StoreError::corrupt("a reservation without an expiry"));
-                }
-                // The fencing token is Redis' clock in µs when the reservation was made.
-                let held_us = (now_us as u64).saturating_sub(record.fencing.get());
-                Ok(Claim::InFlight {
-                    retry_after: Duration::from_millis(pttl as u64),
-                    fencing: record.fencing,
-                    held_for: Some(Duration::from_micros(held_us)),
-                })
-            }
-            other => Err(unexpected(Some(&other))),
+            return Err(e);
         }
+        claim_of(req, reply)
+    }
+
+    async fn begin_many(&self, reqs: &[BeginRequest<'_>]) -> Vec<Result<Claim, StoreError>> {
+        if reqs.len() < 2 || self.shared.durable.is_some() {
+            // One key, or the durability guard's WAIT per reservation: key by key.
+            let mut claims = Vec::with_capacity(reqs.len());
+            for req in reqs {
+                claims.push(self.begin(req).await);
+            }
+            return claims;
+        }
+        let rkeys: Vec<String> = reqs.iter().map(|r| self.redis_key(r.key)).collect();
+        // One script call per slot (a single server has one group); the groups run
+        // concurrently on a Cluster.
+        let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+        for (i, k) in rkeys.iter().enumerate() {
+            let slot = match self.conn {
+                Conn::Cluster(_) => keys::slot(k),
+                _ => 0,
+            };
+            match groups.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, members)) => members.push(i),
+                None => groups.push((slot, vec![i])),
+            }
+        }
+        let calls = groups.iter().map(|(_, members)| {
+            let (rkeys, mut conn) = (&rkeys, self.conn.clone());
+            async move {
+                let lease = reqs[members[0]].lease;
+                let mut cmd = Cmd::new();
+                cmd.arg("EVALSHA")
+                    .arg(scripts::BEGIN_MANY.script.get_hash())
+                    .arg(members.len());
+                for &i in members {
+                    cmd.arg(&rkeys[i]);
+                }
+                cmd.arg(ms(lease));
+                for &i in members {
+                    let fingerprint = reqs[i].fingerprint.map(|f| f.to_bytes());
+                    cmd.arg(OwnerWithFlags {
+                        owner: reqs[i].owner.as_u128(),
+                        fingerprint: fingerprint.is_some(),
+                    })
+                    .arg(fingerprint.as_ref().map_or(&[][..], |f| &f[..]));
+                }
+                query_loading(&mut conn, &cmd, &scripts::BEGIN_MANY).await
+            }
+        });
+        let replies = futures_util::future::join_all(calls).await;
+        let mut claims: Vec<Option<Result<Claim, StoreError>>> =
+            (0..reqs.len()).map(|_| None).collect();
+        for ((_, members), reply) in groups.iter().zip(replies) {
+            match reply {
+                Ok(Value::Array(items)) if items.len() == members.len() => {
+                    for (&i, item) in members.iter().zip(items) {
+                        claims[i] = Some(claim_of(&reqs[i], item));
+                    }
+                }
+                Ok(other) => {
+                    for &i in members {
+                        claims[i] = Some(Err(unexpected(Some(&other))));
+                    }
+                }
+                Err(e) => {
+                    // One error for the group: each key gets one of its kind, with its text.
+                    let (kind, text) = (e.kind(), e.to_string());
+                    for &i in members {
+                        claims[i] = Some(Err(StoreError::new(kind, text.clone())));
+                    }
+                }
+            }
+        }
+        claims
+            .into_iter()
+            .map(|c| c.unwrap_or_else(|| Err(StoreError::corrupt("no reply for a key"))))
+            .collect()
     }
 
     async fn renew(

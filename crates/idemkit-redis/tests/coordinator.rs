@@ -96,6 +96,54 @@ async fn a_hit_is_one_command_and_a_miss_two() {
     assert_eq!(mailer.sent(), 2);
 }
 
+/// Batch reservation: the 8 keys of a batch cost one script call to reserve (then one
+/// completion each); the same batch delivered again costs one script call in all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prepared_batch_is_one_command_to_reserve_and_one_to_replay() {
+    let server = RedisProcess::start(&[]);
+    let store = RedisStore::connect(&server.url()).await.unwrap();
+    let c = Coordinator::new(store);
+    let mailer = Mailer::default();
+    let keys: Vec<Key> = (0..8).map(|i| key(&format!("order-{i}"))).collect();
+    // Load the scripts first (the first call of each meets NOSCRIPT once).
+    drop(c.prepare(&op(), &[key("warm-a"), key("warm-b")]).await);
+    c.call(&op(), &key("warm-up"))
+        .run(|_| mailer.send(Duration::ZERO))
+        .await
+        .unwrap();
+    let run_batch = || async {
+        let prepared = c.prepare(&op(), &keys).await;
+        let mut sources = Vec::new();
+        for (k, p) in keys.iter().zip(prepared) {
+            let out = c
+                .call(&op(), k)
+                .prepared(p)
+                .run(|_| mailer.send(Duration::ZERO))
+                .await
+                .unwrap();
+            sources.push(out.source);
+        }
+        sources
+    };
+    let mut first = Vec::new();
+    let fresh = client_commands(server.port, async { first = run_batch().await }).await;
+    assert!(first.iter().all(|s| *s == Source::Fresh), "{first:?}");
+    assert_eq!(
+        fresh.len(),
+        1 + 8,
+        "one begin_many and 8 completions: {fresh:?}"
+    );
+    let mut second = Vec::new();
+    let replay = client_commands(server.port, async { second = run_batch().await }).await;
+    assert!(second.iter().all(|s| *s == Source::Replayed), "{second:?}");
+    assert_eq!(
+        replay,
+        ["EVALSHA"],
+        "the redelivered batch: one script call"
+    );
+    assert_eq!(mailer.sent(), 1 + 8);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_server_down_fail_closed_runs_nothing_and_fail_open_runs_and_counts() {
     let mut server = RedisProcess::start(&[]);

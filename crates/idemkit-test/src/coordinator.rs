@@ -460,7 +460,9 @@ pub async fn durations_at_the_extremes<H: Harness>(h: &H) {
 pub async fn a_prepared_batch_runs_each_effect_once<H: Harness>(h: &H) {
     let store = h.store().await;
     // A long lease: only a release frees the unused reservation within the check's time.
-    let c = Coordinator::builder(store.clone()).policy(policy(60_000)).build();
+    let c = Coordinator::builder(store.clone())
+        .policy(policy(60_000))
+        .build();
     let op = operation();
     let (a, b, done) = (
         fresh_key("batch-a"),
@@ -492,7 +494,11 @@ pub async fn a_prepared_batch_runs_each_effect_once<H: Harness>(h: &H) {
             .expect("call");
         values.push((receipt.value, receipt.source));
     }
-    assert_eq!(runs.load(Ordering::SeqCst), 1, "only a's first copy ran: {values:?}");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "only a's first copy ran: {values:?}"
+    );
     assert_eq!(values[0], (format!("v-{a}"), Source::Fresh));
     assert_eq!(values[1], ("first".to_string(), Source::Replayed));
     assert_eq!(values[2], (format!("v-{a}"), Source::Replayed));
@@ -522,7 +528,9 @@ pub async fn a_prepared_batch_runs_each_effect_once<H: Harness>(h: &H) {
 /// the store has just confirmed, and a duplicate that came meanwhile is not run.
 pub async fn a_stale_prepared_claim_is_confirmed_before_the_action<H: Harness>(h: &H) {
     let store = h.store().await;
-    let c = Coordinator::builder(store.clone()).policy(policy(600)).build();
+    let c = Coordinator::builder(store.clone())
+        .policy(policy(600))
+        .build();
     let op = operation();
     let key = fresh_key("batch-stale");
     let mut prepared = c.prepare(&op, std::slice::from_ref(&key)).await;

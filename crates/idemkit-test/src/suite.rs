@@ -773,7 +773,10 @@ pub async fn begin_many_answers_each_key_as_begin_would<H: Harness>(h: &H) {
         Ok(Claim::Reserved { ownership, .. }) => *ownership,
         other => panic!("a fresh key: expected a reservation, got {other:?}"),
     };
-    assert_eq!(mine.owner, reqs[2].owner, "reserved for its request's owner");
+    assert_eq!(
+        mine.owner, reqs[2].owner,
+        "reserved for its request's owner"
+    );
     // The batch's reservation is a real one: its owner completes it, and a second batch
     // with the same owner token is answered as that reservation (a retried batch).
     let again = store.begin_many(&[reqs[2]]).await;

@@ -1,0 +1,53 @@
+-- begin_many: begin.lua for several keys of one slot, in one script call (batch
+-- reservation). Each key is answered exactly as begin.lua answers it alone (see there for the
+-- record format and the reply shapes); the replies come back as one array, in KEYS order.
+-- Redis' clock is read once for the whole batch: every key's fencing token is then at least
+-- that instant in microseconds, or one past its released token (the keys are distinct, so one
+-- instant serves them all).
+--
+-- KEYS      the record keys (distinct, one slot)
+-- ARGV[1]   lease ms
+-- ARGV[2i]  key i's flags byte and owner token (17 bytes)  ARGV[2i+1] its fingerprint or ''
+local lease = ARGV[1]
+local t = redis.call('TIME')
+local now = t[1] * 1000000 + t[2]
+local out = {}
+for i, key in ipairs(KEYS) do
+  local owner = ARGV[2 * i]
+  local fingerprint_arg = ARGV[2 * i + 1]
+  local v = redis.call('GET', key)
+  local previous
+  local reply
+  if v then
+    local head = string.sub(v, 1, 5)
+    if (head == 'IDK\1\2' or head == 'IDK\1\1') and #v >= 46 then
+      local fingerprint = ''
+      if string.byte(v, 6) % 2 == 1 then fingerprint = string.sub(v, 47, 62) end
+      if fingerprint ~= fingerprint_arg then
+        reply = 0
+      elseif head == 'IDK\1\2' then
+        reply = v
+      elseif string.sub(v, 7, 22) == string.sub(owner, 2) then
+        reply = struct.unpack('>I8', v, 23)
+      else
+        reply = {v, redis.call('PTTL', key), now}
+      end
+    elseif head ~= 'IDK\1\3' or #v ~= 13 then
+      reply = v
+    else
+      previous = struct.unpack('>I8', v, 6)
+    end
+  end
+  if reply == nil then
+    local fencing = now
+    if previous and fencing <= previous then
+      fencing = previous + 1
+    end
+    redis.call('PSETEX', key, lease,
+      'IDK\1\1' .. owner .. struct.pack('>I8', fencing) .. '\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0'
+        .. fingerprint_arg)
+    reply = fencing
+  end
+  out[i] = reply
+end
+return out
