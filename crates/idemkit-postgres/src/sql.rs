@@ -10,6 +10,7 @@ use crate::names::Table;
 #[derive(Debug)]
 pub(crate) struct Statements {
     pub(crate) begin: String,
+    pub(crate) begin_many: String,
     pub(crate) renew: String,
     pub(crate) complete: String,
     pub(crate) release: String,
@@ -64,6 +65,40 @@ impl Statements {
                    (extract(epoch FROM cur.expires_at - c.now) * 1000000)::int8, \
                    (extract(epoch FROM c.now - cur.created_at) * 1000000)::int8, false \
                  FROM cur, c WHERE cur.expires_at > c.now AND NOT EXISTS (SELECT 1 FROM ins)"
+            ),
+            // `begin` for a batch of distinct keys ($1 keys, $2 owners, $4 fingerprints, one
+            // lease $3): the same decision per key, one statement. Rows come back keyed (the
+            // first column); a key without a row met the snapshot race described above and
+            // is sent again alone. Inserts go in key order, so two batches that share keys
+            // lock them in the same order (no deadlock).
+            begin_many: format!(
+                "WITH c AS (SELECT clock_timestamp() AS now), \
+                 req AS (SELECT * FROM unnest($1::text[], $2::bytea[], $4::bytea[]) AS q(k, o, f)), \
+                 cur AS ( \
+                   SELECT t.key, t.version, t.state, t.owner, t.fencing, t.fingerprint, t.kind, t.result, \
+                     t.created_at, t.expires_at \
+                   FROM {t} t WHERE t.key = ANY($1::text[]) \
+                 ), \
+                 ins AS ( \
+                   INSERT INTO {t} AS r (key, version, state, owner, fencing, fingerprint, created_at, expires_at, waiting) \
+                   SELECT req.k, 1, 1, req.o, nextval('{seq}'), req.f, c.now, c.now + $3 * interval '1 microsecond', false \
+                   FROM req, c WHERE NOT EXISTS (SELECT 1 FROM cur WHERE cur.key = req.k AND cur.expires_at > c.now) \
+                   ORDER BY req.k \
+                   ON CONFLICT (key) DO UPDATE SET version = 1, state = 1, owner = excluded.owner, \
+                     fencing = excluded.fencing, fingerprint = excluded.fingerprint, \
+                     created_at = excluded.created_at, expires_at = excluded.expires_at, \
+                     waiting = false, kind = NULL, result = NULL \
+                   WHERE r.expires_at <= excluded.created_at \
+                   RETURNING r.key, r.fencing \
+                 ) \
+                 SELECT ins.key, true, 1::int2, 1::int2, NULL::bytea, ins.fencing, NULL::bytea, NULL::int2, NULL::bytea, \
+                   0::int8, 0::int8, coalesce((SELECT cur.state = 1 FROM cur WHERE cur.key = ins.key), false) \
+                 FROM ins \
+                 UNION ALL \
+                 SELECT cur.key, false, cur.version, cur.state, cur.owner, cur.fencing, cur.fingerprint, cur.kind, cur.result, \
+                   (extract(epoch FROM cur.expires_at - c.now) * 1000000)::int8, \
+                   (extract(epoch FROM c.now - cur.created_at) * 1000000)::int8, false \
+                 FROM cur, c WHERE cur.expires_at > c.now AND NOT EXISTS (SELECT 1 FROM ins WHERE ins.key = cur.key)"
             ),
             renew: format!(
                 "UPDATE {t} SET expires_at = clock_timestamp() + $4 * interval '1 microsecond' \

@@ -439,6 +439,59 @@ fn duration_us(us: i64) -> Duration {
 /// snapshot (see sql.rs); each retry takes a new snapshot, so one suffices in practice.
 const BEGIN_ATTEMPTS: usize = 8;
 
+impl PgStore {
+    /// The claim a `begin` row stands for; its columns start at `at` (0 for `begin`, 1 for
+    /// `begin_many`, whose first column is the key).
+    fn claim_of(
+        &self,
+        req: &BeginRequest<'_>,
+        row: &sqlx::postgres::PgRow,
+        at: usize,
+    ) -> Result<Claim, StoreError> {
+        let get = |e| self.err(e);
+        let mine: bool = row.try_get(at).map_err(get)?;
+        let fencing: i64 = row.try_get(at + 4).map_err(get)?;
+        if mine {
+            return Ok(Claim::Reserved {
+                ownership: Ownership::new(req.owner, FencingToken::new(fencing as u64)),
+                took_over: row.try_get(at + 10).map_err(get)?,
+            });
+        }
+        let left_us: i64 = row.try_get(at + 8).map_err(get)?;
+        let held_us: i64 = row.try_get(at + 9).map_err(get)?;
+        let checked = Row {
+            version: row.try_get(at + 1).map_err(get)?,
+            state: row.try_get(at + 2).map_err(get)?,
+            owner: row.try_get(at + 3).map_err(get)?,
+            fencing,
+            fingerprint: row.try_get(at + 5).map_err(get)?,
+            kind: row.try_get(at + 6).map_err(get)?,
+            result: row.try_get(at + 7).map_err(get)?,
+        }
+        .check(req.key)?;
+        Ok(match checked {
+            Checked::Reserved { fingerprint, .. } | Checked::Completed { fingerprint, .. }
+                if fingerprint != req.fingerprint =>
+            {
+                Claim::Mismatch
+            }
+            Checked::Completed {
+                fencing, result, ..
+            } => Claim::Replay(Replay::new(fencing, result)),
+            // Ours already: this begin was sent twice.
+            Checked::Reserved { owner, fencing, .. } if owner == req.owner => Claim::Reserved {
+                ownership: Ownership::new(owner, fencing),
+                took_over: false,
+            },
+            Checked::Reserved { fencing, .. } => Claim::InFlight {
+                retry_after: duration_us(left_us),
+                fencing,
+                held_for: Some(duration_us(held_us)),
+            },
+        })
+    }
+}
+
 impl Store for PgStore {
     fn max_ttl(&self) -> Duration {
         // 100 years: far within timestamptz (to year 294276) and exact in microseconds.
@@ -458,51 +511,68 @@ impl Store for PgStore {
                 .await
                 .map_err(|e| self.err(e))?;
             let Some(row) = row else { continue };
-            let get = |e| self.err(e);
-            let mine: bool = row.try_get(0).map_err(get)?;
-            let fencing: i64 = row.try_get(4).map_err(get)?;
-            if mine {
-                return Ok(Claim::Reserved {
-                    ownership: Ownership::new(req.owner, FencingToken::new(fencing as u64)),
-                    took_over: row.try_get(10).map_err(get)?,
-                });
-            }
-            let left_us: i64 = row.try_get(8).map_err(get)?;
-            let held_us: i64 = row.try_get(9).map_err(get)?;
-            let checked = Row {
-                version: row.try_get(1).map_err(get)?,
-                state: row.try_get(2).map_err(get)?,
-                owner: row.try_get(3).map_err(get)?,
-                fencing,
-                fingerprint: row.try_get(5).map_err(get)?,
-                kind: row.try_get(6).map_err(get)?,
-                result: row.try_get(7).map_err(get)?,
-            }
-            .check(req.key)?;
-            return Ok(match checked {
-                Checked::Reserved { fingerprint, .. } | Checked::Completed { fingerprint, .. }
-                    if fingerprint != req.fingerprint =>
-                {
-                    Claim::Mismatch
-                }
-                Checked::Completed {
-                    fencing, result, ..
-                } => Claim::Replay(Replay::new(fencing, result)),
-                // Ours already: this begin was sent twice.
-                Checked::Reserved { owner, fencing, .. } if owner == req.owner => Claim::Reserved {
-                    ownership: Ownership::new(owner, fencing),
-                    took_over: false,
-                },
-                Checked::Reserved { fencing, .. } => Claim::InFlight {
-                    retry_after: duration_us(left_us),
-                    fencing,
-                    held_for: Some(duration_us(held_us)),
-                },
-            });
+            return self.claim_of(req, &row, 0);
         }
         Err(StoreError::unavailable(format!(
             "begin found no row {BEGIN_ATTEMPTS} times in a row under contention"
         )))
+    }
+
+    async fn begin_many(&self, reqs: &[BeginRequest<'_>]) -> Vec<Result<Claim, StoreError>> {
+        if reqs.len() < 2 {
+            let mut claims = Vec::with_capacity(reqs.len());
+            for req in reqs {
+                claims.push(self.begin(req).await);
+            }
+            return claims;
+        }
+        let keys: Vec<&str> = reqs.iter().map(|r| r.key.as_str()).collect();
+        let owners: Vec<Vec<u8>> = reqs
+            .iter()
+            .map(|r| r.owner.as_u128().to_be_bytes().to_vec())
+            .collect();
+        let fingerprints: Vec<Option<Vec<u8>>> = reqs
+            .iter()
+            .map(|r| r.fingerprint.map(|f| f.to_bytes().to_vec()))
+            .collect();
+        // One lease for the batch: the coordinator reserves a batch with one policy.
+        let lease = reqs.iter().map(|r| r.lease).max().unwrap_or_default();
+        let rows = sqlx::query(&self.inner.sql.begin_many)
+            .bind(&keys)
+            .bind(&owners)
+            .bind(micros(lease))
+            .bind(&fingerprints)
+            .fetch_all(&self.inner.pool)
+            .await;
+        let rows = match rows {
+            Ok(rows) => rows,
+            Err(e) => {
+                let e = self.err(e);
+                let (kind, text) = (e.kind(), e.to_string());
+                return reqs
+                    .iter()
+                    .map(|_| Err(StoreError::new(kind, text.clone())))
+                    .collect();
+            }
+        };
+        let mut claims: Vec<Option<Result<Claim, StoreError>>> =
+            reqs.iter().map(|_| None).collect();
+        for row in &rows {
+            let key: Result<String, _> = row.try_get(0);
+            let Some(i) = key.ok().and_then(|k| keys.iter().position(|x| *x == k)) else {
+                continue;
+            };
+            claims[i] = Some(self.claim_of(&reqs[i], row, 1));
+        }
+        let mut out = Vec::with_capacity(reqs.len());
+        for (req, claim) in reqs.iter().zip(claims) {
+            out.push(match claim {
+                Some(c) => c,
+                // The snapshot race: this key alone again.
+                None => self.begin(req).await,
+            });
+        }
+        out
     }
 
     async fn renew(

@@ -31,7 +31,7 @@ impl Statements {
 }
 
 #[test]
-fn a_hit_is_one_statement_and_a_miss_two() {
+fn a_hit_is_one_statement_a_miss_two_and_a_batch_one() {
     let counted = Statements::default();
     let _guard =
         tracing::subscriber::set_default(tracing_subscriber::registry().with(counted.clone()));
@@ -96,6 +96,38 @@ fn a_hit_is_one_statement_and_a_miss_two() {
         let after = version().await;
         assert_eq!(before, after);
         assert_eq!(after.1, "0", "a replay locked the row");
+        counted.take();
+
+        // Batch reservation: 8 keys reserved in one statement (then one completion each);
+        // the same batch again, all replays, one statement in all.
+        let keys: Vec<Key> = (0..8)
+            .map(|i| Key::new(format!("batch-{i}-{:x}", fastrand::u64(..))).unwrap())
+            .collect();
+        for round in 0..3 {
+            counted.take();
+            let prepared = c.prepare(&op, &keys).await;
+            let mut sources = Vec::new();
+            for (k, p) in keys.iter().zip(prepared) {
+                let out = c
+                    .call(&op, k)
+                    .prepared(p)
+                    .run(|_| async { Ok::<_, std::io::Error>(4) })
+                    .await
+                    .unwrap();
+                sources.push(out.source);
+            }
+            let n = counted.take();
+            if round == 0 {
+                assert!(sources.iter().all(|s| *s == Source::Fresh), "{sources:?}");
+                assert_eq!(n, 1 + 8, "a fresh batch: one begin_many, 8 completions");
+            } else {
+                assert!(
+                    sources.iter().all(|s| *s == Source::Replayed),
+                    "{sources:?}"
+                );
+                assert_eq!(n, 1, "a replayed batch: one statement");
+            }
+        }
         counted.take();
 
         // The transactional call: begin on the pool, the action's own statement, the
