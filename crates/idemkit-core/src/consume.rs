@@ -374,6 +374,12 @@ impl<S: Store, K, H> Processor<S, K, H> {
     /// which the runner retries (with [`process`](Processor::process)) before it goes on with
     /// the rest; the rest's reservations are released.
     ///
+    /// The reservations of a batch are held from the start: a message that waits behind
+    /// slow handlers of its batch keeps its key reserved meanwhile (confirmed before it runs,
+    /// if it waited longer than a renewal interval). If the process dies mid-batch, the keys
+    /// not yet started stay reserved until their lease ends: their redelivery elsewhere waits
+    /// up to one lease.
+    ///
     /// # Example
     ///
     /// ```
@@ -402,9 +408,29 @@ impl<S: Store, K, H> Processor<S, K, H> {
         K: Fn(&M) -> Result<Key, KeyError>,
         H: Handle<M>,
     {
+        self.process_batch_while(messages, || true).await
+    }
+
+    /// [`process_batch`](Processor::process_batch), asking `go_on` before each message: once
+    /// it says no (the runner lost the partition, or is shutting down), the batch stops and
+    /// the reservations of the messages not started are released, so their next owner does
+    /// not wait for a lease.
+    pub async fn process_batch_while<M>(
+        &self,
+        messages: &[M],
+        go_on: impl Fn() -> bool,
+    ) -> Vec<Processed<H::Output>>
+    where
+        M: Clone,
+        K: Fn(&M) -> Result<Key, KeyError>,
+        H: Handle<M>,
+    {
         let mut out = Vec::with_capacity(messages.len());
         if !self.protected {
             for m in messages {
+                if !go_on() {
+                    break;
+                }
                 let processed = self.unprotected(m, 1).await;
                 let stop = !processed.settlement.is_final();
                 out.push(processed);
@@ -425,6 +451,9 @@ impl<S: Store, K, H> Processor<S, K, H> {
             .await
             .into_iter();
         for (m, key) in messages.iter().zip(keys) {
+            if !go_on() {
+                break;
+            }
             let processed = match key {
                 Ok(key) => self.run(m, &key, prepared.next(), 1).await,
                 Err(e) => self.key_failed(&e),

@@ -118,6 +118,7 @@ pub struct KafkaRunner<S, K, H: Handle<OwnedMessage>> {
     dead_letter: Option<String>,
     on_settled: Option<Hook<H::Output>>,
     queue_depth: usize,
+    batch: usize,
 }
 
 impl<S: fmt::Debug, K, H: Handle<OwnedMessage>> fmt::Debug for KafkaRunner<S, K, H> {
@@ -127,6 +128,7 @@ impl<S: fmt::Debug, K, H: Handle<OwnedMessage>> fmt::Debug for KafkaRunner<S, K,
             .field("processor", &self.processor)
             .field("dead_letter", &self.dead_letter)
             .field("queue_depth", &self.queue_depth)
+            .field("batch", &self.batch)
             .finish_non_exhaustive()
     }
 }
@@ -153,6 +155,7 @@ where
             dead_letter: None,
             on_settled: None,
             queue_depth: 256,
+            batch: 64,
         }
     }
 
@@ -171,6 +174,16 @@ where
         hook: impl Fn(&Settled<'_, H::Output>) + Send + Sync + 'static,
     ) -> Self {
         self.on_settled = Some(Arc::new(hook));
+        self
+    }
+
+    /// Batch reservation: up to `n` messages of one partition that have arrived while its
+    /// previous ones were handled are reserved together, in one store round trip
+    /// ([`Processor::process_batch`]), then handled one by one in offset order. 64 by
+    /// default; 1 turns it off (one `begin` per message). A batch never waits for messages
+    /// to arrive, so it adds no latency.
+    pub fn batch(mut self, n: usize) -> Self {
+        self.batch = n.max(1);
         self
     }
 
@@ -225,6 +238,7 @@ where
             dead_letter,
             on_settled: self.on_settled.clone(),
             generations: revoked.clone(),
+            batch: self.batch,
         });
 
         let mut partitions: HashMap<(String, i32), (u64, mpsc::Sender<OwnedMessage>)> =
@@ -290,6 +304,7 @@ struct Shared<S, K, H: Handle<OwnedMessage>> {
     dead_letter: Option<Arc<DeadLetter>>,
     on_settled: Option<Hook<H::Output>>,
     generations: Generations,
+    batch: usize,
 }
 
 /// Per-partition revocation counters: a partition task works only while its partition's
@@ -356,44 +371,95 @@ async fn partition_task<S, K, H>(
     H: Handle<OwnedMessage> + 'static,
 {
     let current = || shared.generations.get(&tp) == generation;
-    'messages: while let Some(message) = queue.recv().await {
+    let batch = shared.batch;
+    let mut pending: std::collections::VecDeque<OwnedMessage> = std::collections::VecDeque::new();
+    loop {
+        if pending.is_empty() {
+            match queue.recv().await {
+                Some(m) => pending.push_back(m),
+                None => break,
+            }
+        }
+        // What has arrived for this partition meanwhile joins the batch (never waits for
+        // more: no latency is added when messages come one at a time).
+        while pending.len() < batch {
+            match queue.try_recv() {
+                Ok(m) => pending.push_back(m),
+                Err(_) => break,
+            }
+        }
         if !current() {
             break;
         }
-        let mut failures = 0u32;
-        let processed = loop {
-            let processed = shared.processor.process(&message, failures + 1).await;
-            let Settlement::Retry { after } = processed.settlement else {
-                break processed;
-            };
-            if processed.error == Some(idemkit_core::ErrorKind::Action) {
-                failures += 1;
-            }
-            if !current() {
-                // Revoked while backing off: the next owner retries it.
-                break 'messages;
-            }
-            tokio::time::sleep(after).await;
-            if !current() {
-                break 'messages;
-            }
+        let results = if pending.len() > 1 {
+            let messages: Vec<OwnedMessage> = pending.iter().cloned().collect();
+            shared
+                .processor
+                .process_batch_while(&messages, &current)
+                .await
+        } else {
+            vec![shared.processor.process(&pending[0], 1).await]
         };
-        if let Settlement::DeadLetter { reason } = &processed.settlement
-            && !dead_letter(&shared, &message, reason, &current).await
-        {
-            break;
+        if results.is_empty() {
+            break; // revoked before the batch started
         }
-        if let Some(hook) = &shared.on_settled {
-            hook(&Settled {
-                message: &message,
-                processed: &processed,
-            });
+        for processed in results {
+            let message = pending
+                .pop_front()
+                .expect("one result per message, in order");
+            let Some(processed) = retry_in_place(&shared, &message, processed, &current).await
+            else {
+                return; // revoked while retrying: the next owner has it
+            };
+            if let Settlement::DeadLetter { reason } = &processed.settlement
+                && !dead_letter(&shared, &message, reason, &current).await
+            {
+                return;
+            }
+            if let Some(hook) = &shared.on_settled {
+                hook(&Settled {
+                    message: &message,
+                    processed: &processed,
+                });
+            }
+            if current()
+                && let Err(e) = shared.consumer.store_offset(&tp.0, tp.1, message.offset())
+            {
+                tracing::debug!(error = %e, topic = tp.0, partition = tp.1, "kafka runner: offset not stored");
+            }
         }
-        if current()
-            && let Err(e) = shared.consumer.store_offset(&tp.0, tp.1, message.offset())
-        {
-            tracing::debug!(error = %e, topic = tp.0, partition = tp.1, "kafka runner: offset not stored");
+    }
+}
+
+/// Retries a message whose first delivery asked for it, in place (the partition waits: its
+/// order is kept), until it settles for good. `None` if the partition was revoked meanwhile.
+async fn retry_in_place<S, K, H>(
+    shared: &Shared<S, K, H>,
+    message: &OwnedMessage,
+    mut processed: Processed<H::Output>,
+    current: &impl Fn() -> bool,
+) -> Option<Processed<H::Output>>
+where
+    S: Store + Send + Sync + 'static,
+    K: Fn(&OwnedMessage) -> Result<Key, KeyError> + Send + Sync + 'static,
+    H: Handle<OwnedMessage> + 'static,
+{
+    let mut failures = 0u32;
+    loop {
+        let Settlement::Retry { after } = processed.settlement else {
+            return Some(processed);
+        };
+        if processed.error == Some(idemkit_core::ErrorKind::Action) {
+            failures += 1;
         }
+        if !current() {
+            return None;
+        }
+        tokio::time::sleep(after).await;
+        if !current() {
+            return None;
+        }
+        processed = shared.processor.process(message, failures + 1).await;
     }
 }
 
