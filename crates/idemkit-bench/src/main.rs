@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use clap::Parser;
+mod kafka;
 mod measure;
 mod postgres;
 
@@ -165,6 +166,16 @@ fn main() -> ExitCode {
             Ok(report) => print!("{report}"),
             Err(e) => {
                 eprintln!("idemkit-bench: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    if let Some(brokers) = &args.kafka {
+        let messages = args.kafka_messages;
+        match runtime.block_on(kafka::run(brokers, &args.store, messages, args.rounds)) {
+            Ok(report) => print!("\n{report}"),
+            Err(e) => {
+                eprintln!("idemkit-bench: Kafka: {e}");
                 return ExitCode::FAILURE;
             }
         }

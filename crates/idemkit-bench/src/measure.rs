@@ -49,6 +49,13 @@ pub(crate) struct BenchArgs {
     /// Skip the Redis cases (with `--postgres`: PostgreSQL only).
     #[arg(long)]
     pub(crate) skip_redis: bool,
+    /// Also measure the Kafka consumer runner (idempotency off, idemkit on `--store` with
+    /// batch reservation off and on) on this Kafka-protocol broker, e.g. `127.0.0.1:9092`.
+    #[arg(long)]
+    pub(crate) kafka: Option<String>,
+    /// Messages per consumer case.
+    #[arg(long, default_value_t = 20_000)]
+    pub(crate) kafka_messages: usize,
 }
 
 /// The client runtime a benchmark runs on: a current-thread runtime for `workers <= 1`
@@ -526,10 +533,10 @@ async fn redis_cpu(conn: &MultiplexedConnection) -> Result<f64, String> {
         .sum())
 }
 
-type Stats = HashMap<String, (u64, u64)>;
+pub(crate) type Stats = HashMap<String, (u64, u64)>;
 
 /// `cmdstat_<name>:calls=..,usec=..` → name → (calls, usec).
-async fn commandstats(conn: &MultiplexedConnection) -> Result<Stats, String> {
+pub(crate) async fn commandstats(conn: &MultiplexedConnection) -> Result<Stats, String> {
     let info = info(conn, "commandstats").await?;
     let mut out = HashMap::new();
     for line in info.lines() {

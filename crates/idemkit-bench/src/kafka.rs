@@ -1,0 +1,225 @@
+//! The consumer case: messages per second through the Kafka runner (idemkit-kafka) on a
+//! Kafka-protocol broker, with idemkit on Redis, batch reservation on and off, beside the
+//! same runner with idempotency off, in one run.
+//!
+//! One topic of 4 partitions holds `messages` orders (distinct keys). Each case consumes
+//! all of them with a new consumer group and a store prefix of its own; the handler does no
+//! work (a small value is stored), so the figure is the runner's and the store's cost per
+//! message. Throughput is timed from the first settled message to the last (group joins are
+//! not counted). Redis commands per message come from `INFO commandstats` deltas. Cases run
+//! `rounds` times, interleaved; each row is the median round.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use idemkit_core::consume::Processor;
+use idemkit_core::{Coordinator, Key, Operation};
+use idemkit_kafka::KafkaRunner;
+use idemkit_redis::RedisStore;
+use rdkafka::ClientConfig;
+use rdkafka::Message as _;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::message::OwnedMessage;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+
+const PARTITIONS: i32 = 4;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Mode {
+    Off,
+    On { batch: usize },
+}
+
+impl Mode {
+    fn name(self) -> String {
+        match self {
+            Mode::Off => "runner, idempotency off".into(),
+            Mode::On { batch: 1 } => "runner + idemkit (Redis), batch off".into(),
+            Mode::On { batch } => format!("runner + idemkit (Redis), batch {batch}"),
+        }
+    }
+}
+
+struct Measured {
+    per_sec: f64,
+    /// Script calls (`EVALSHA`): the store's round trips.
+    round_trips: f64,
+    /// Every command Redis ran, those inside scripts included.
+    commands: f64,
+}
+
+/// Runs the consumer case and returns its report.
+pub(crate) async fn run(
+    brokers: &str,
+    redis_url: &str,
+    messages: usize,
+    rounds: usize,
+) -> Result<String, String> {
+    let topic = format!("idemkit-bench-{:x}", fastrand::u64(..));
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .map_err(|e| e.to_string())?;
+    admin
+        .create_topics(
+            &[NewTopic::new(
+                &topic,
+                PARTITIONS,
+                TopicReplication::Fixed(1),
+            )],
+            &AdminOptions::new(),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("linger.ms", "5")
+        .create()
+        .map_err(|e| e.to_string())?;
+    eprintln!("kafka: producing {messages} messages to {topic}");
+    let send = |i: usize| {
+        let key = format!("order-{i}");
+        let producer = producer.clone();
+        let topic = topic.clone();
+        async move {
+            producer
+                .send(
+                    FutureRecord::to(&topic)
+                        .partition(i as i32 % PARTITIONS)
+                        .key(&key)
+                        .payload("paid"),
+                    Duration::from_secs(30),
+                )
+                .await
+                .map(drop)
+                .map_err(|(e, _)| e.to_string())
+        }
+    };
+    for start in (0..messages).step_by(1000) {
+        let chunk = (start..(start + 1000).min(messages)).map(send);
+        for r in futures_util::future::join_all(chunk).await {
+            r?;
+        }
+    }
+    let redis = redis::Client::open(redis_url)
+        .map_err(|e| e.to_string())?
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| e.to_string())?;
+
+    let modes = [Mode::Off, Mode::On { batch: 1 }, Mode::On { batch: 64 }];
+    let mut results: Vec<Vec<Measured>> = modes.iter().map(|_| Vec::new()).collect();
+    for round in 0..rounds {
+        for (i, mode) in modes.iter().enumerate() {
+            eprintln!("kafka: round {}/{rounds}: {}", round + 1, mode.name());
+            let before = crate::measure::commandstats(&redis).await?;
+            let per_sec = consume(brokers, redis_url, &topic, messages, *mode).await?;
+            let after = crate::measure::commandstats(&redis).await?;
+            let calls = |s: &crate::measure::Stats, only: Option<&str>| -> u64 {
+                s.iter()
+                    .filter(|(name, _)| name.as_str() != "info")
+                    .filter(|(name, _)| only.is_none_or(|o| name.as_str() == o))
+                    .map(|(_, (calls, _))| calls)
+                    .sum()
+            };
+            let per = |only| {
+                calls(&after, only).saturating_sub(calls(&before, only)) as f64 / messages as f64
+            };
+            results[i].push(Measured {
+                per_sec,
+                round_trips: per(Some("evalsha")),
+                commands: per(None),
+            });
+        }
+    }
+    let mut out = format!(
+        "Kafka consumer: {messages} messages, {PARTITIONS} partitions, broker {brokers}, store {redis_url}; median of {rounds} interleaved rounds\n\n\
+         | case | messages/s | vs idempotency off | store round trips per message | Redis commands per message (scripts' included) |\n|---|---|---|---|---|\n"
+    );
+    let medians: Vec<&Measured> = results
+        .iter_mut()
+        .map(|r| {
+            r.sort_by(|a, b| a.per_sec.total_cmp(&b.per_sec));
+            &r[r.len() / 2]
+        })
+        .collect();
+    let off = medians[0].per_sec;
+    for (mode, m) in modes.iter().zip(&medians) {
+        out.push_str(&format!(
+            "| {} | {:.0} | {:.2}× | {:.2} | {:.2} |\n",
+            mode.name(),
+            m.per_sec,
+            m.per_sec / off,
+            m.round_trips,
+            m.commands
+        ));
+    }
+    out.push_str(&format!(
+        "\nbatch reservation on / off: {:.2}× messages/s, {:.2} vs {:.2} round trips per message\n",
+        medians[2].per_sec / medians[1].per_sec,
+        medians[2].round_trips,
+        medians[1].round_trips
+    ));
+    Ok(out)
+}
+
+/// Consumes every message of `topic` once with a new group; messages per second between
+/// the first and the last settlement.
+async fn consume(
+    brokers: &str,
+    redis_url: &str,
+    topic: &str,
+    messages: usize,
+    mode: Mode,
+) -> Result<f64, String> {
+    let prefix = format!("idemkit-bench-consumer-{:x}", fastrand::u64(..));
+    let store = RedisStore::builder()
+        .prefix(prefix)
+        .connect(redis_url)
+        .await
+        .map_err(|e| e.to_string())?;
+    let processor = Processor::new(
+        Coordinator::new(store),
+        Operation::new("bench.consume").expect("valid"),
+        |m: &OwnedMessage| Key::new(String::from_utf8_lossy(m.key().unwrap_or_default())),
+        |_m: OwnedMessage, _| async { Ok::<_, std::convert::Infallible>(1u32) },
+    )
+    .protected(mode != Mode::Off);
+    let settled = Arc::new(AtomicUsize::new(0));
+    let times = Arc::new(std::sync::Mutex::new((None::<Instant>, None::<Instant>)));
+    let done = Arc::new(tokio::sync::Notify::new());
+    let (s, t, d) = (settled.clone(), times.clone(), done.clone());
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("bench-{:x}", fastrand::u64(..)))
+        .set("auto.offset.reset", "earliest")
+        .set("auto.commit.interval.ms", "500");
+    let batch = match mode {
+        Mode::On { batch } => batch,
+        Mode::Off => 1,
+    };
+    let runner = KafkaRunner::new(config, [topic.to_string()], processor)
+        .batch(batch)
+        .on_settled(move |_| {
+            let now = Instant::now();
+            let mut times = t.lock().expect("lock");
+            times.0.get_or_insert(now);
+            times.1 = Some(now);
+            if s.fetch_add(1, Ordering::Relaxed) + 1 == messages {
+                d.notify_one();
+            }
+        });
+    let timeout = Duration::from_secs(300);
+    tokio::time::timeout(timeout, runner.run(async move { done.notified().await }))
+        .await
+        .map_err(|_| format!("the consumer did not finish within {timeout:?}"))?
+        .map_err(|e| e.to_string())?;
+    let (first, last) = *times.lock().expect("lock");
+    let (Some(first), Some(last)) = (first, last) else {
+        return Err("nothing consumed".into());
+    };
+    Ok((messages.saturating_sub(1)) as f64 / last.duration_since(first).as_secs_f64())
+}
