@@ -11,7 +11,9 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use idemkit_core::consume::Processor;
 use idemkit_core::{Coordinator, Key, Operation};
