@@ -5,6 +5,9 @@
 //! - `redis`: the module `redis` re-exports `idemkit-redis` (`RedisStore`).
 //! - `postgres`: the module `postgres` re-exports `idemkit-postgres` (`PgStore`, `Inbox`,
 //!   `TxCall`).
+//! - `kafka`: the module `kafka` re-exports `idemkit-kafka` (`KafkaRunner`).
+//! - `nats`: the module `nats` re-exports `idemkit-nats` (`JetStreamRunner`).
+//! - `tower`: the module `tower` re-exports `idemkit-tower` (`IdempotencyLayer`).
 #![forbid(unsafe_code)]
 
 pub use idemkit_core::*;
@@ -19,4 +22,22 @@ pub mod redis {
 #[cfg(feature = "postgres")]
 pub mod postgres {
     pub use idemkit_postgres::*;
+}
+
+/// The Kafka consumer runner: `idemkit-kafka`.
+#[cfg(feature = "kafka")]
+pub mod kafka {
+    pub use idemkit_kafka::*;
+}
+
+/// The NATS JetStream runner: `idemkit-nats`.
+#[cfg(feature = "nats")]
+pub mod nats {
+    pub use idemkit_nats::*;
+}
+
+/// The idempotency layer for job services: `idemkit-tower`.
+#[cfg(feature = "tower")]
+pub mod tower {
+    pub use idemkit_tower::*;
 }
