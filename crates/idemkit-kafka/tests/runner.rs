@@ -318,7 +318,7 @@ async fn a_worker_killed_before_the_commit(
     let p = producer(brokers);
     produce(&p, &topic, 0, "order-3", "paid").await;
     let worker = |extra: &[&str]| {
-        let mut c = tokio::process::Command::new(example("kafka_worker"));
+        let mut c = tokio::process::Command::new(idemkit_test::example_binary("kafka_worker"));
         c.args(["--brokers", brokers, "--topic", &topic, "--group", &group])
             .args([
                 "--redis",
@@ -357,24 +357,6 @@ async fn a_worker_killed_before_the_commit(
     .unwrap();
     assert!(second.success());
     effects(&mails).await
-}
-
-/// The example binary, built by `cargo test` beside this test.
-fn example(name: &str) -> std::path::PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let path = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: run the tests with `cargo test` (which builds the examples)",
-        path.display()
-    );
-    path
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

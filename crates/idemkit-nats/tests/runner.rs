@@ -301,31 +301,13 @@ async fn in_progress_acks_keep_a_slow_handler_from_being_redelivered() {
     assert_eq!(effects(&s.mails).await["order-2"], 1);
 }
 
-/// The example worker, built by `cargo test` beside this test.
-fn example(name: &str) -> std::path::PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let path = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: run the tests with `cargo test` (which builds the examples)",
-        path.display()
-    );
-    path
-}
-
 /// A worker process exits at `crash` (a flag of the example); a second one, started after
 /// it, consumes until it settled one message.
 async fn killed_worker(url: &str, crash: &str, protected: bool) -> BTreeMap<String, u32> {
     let s = setup(url, Duration::from_secs(1)).await;
     s.publish("order-3").await;
     let worker = |extra: &[&str]| {
-        let mut c = tokio::process::Command::new(example("jetstream_worker"));
+        let mut c = tokio::process::Command::new(idemkit_test::example_binary("jetstream_worker"));
         c.args([
             "--server",
             url,

@@ -271,3 +271,53 @@ macro_rules! __conformance_tests {
         )*
     };
 }
+
+/// Polls `cond` every 50 ms until it holds or `within` passes; whether it held. For tests
+/// that watch a real broker or server, whose progress they cannot await.
+///
+/// # Example
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+/// use std::time::Duration;
+/// assert!(idemkit_test::eventually(Duration::from_secs(1), || async { true }).await);
+/// # });
+/// ```
+pub async fn eventually<F, Fut>(within: std::time::Duration, mut cond: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if cond().await {
+            return true;
+        }
+        if tokio::time::Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// The path of example `name` of the package under test, which `cargo test` builds beside
+/// its test binaries (`target/<profile>/examples/<name>`): for tests that run an example as a
+/// child process (a worker to kill).
+///
+/// # Panics
+///
+/// If it was not built (a test run that built no examples, such as `cargo test --test x`).
+pub fn example_binary(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let dir = exe
+        .parent()
+        .and_then(std::path::Path::parent)
+        .expect("target/<profile>/deps");
+    let path = dir.join("examples").join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run the tests with `cargo test` (which builds the examples)",
+        path.display()
+    );
+    path
+}

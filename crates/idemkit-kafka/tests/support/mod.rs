@@ -162,20 +162,4 @@ pub async fn effects(list: &str) -> std::collections::BTreeMap<String, u32> {
     m
 }
 
-/// Polls `cond` every 50 ms until it holds or `within` passes.
-pub async fn eventually<F, Fut>(within: Duration, mut cond: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        if cond().await {
-            return true;
-        }
-        if tokio::time::Instant::now() > deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+pub use idemkit_test::eventually;
