@@ -26,7 +26,8 @@
 //!   (cancelling an effect half-way is worse than finishing it), and its result is stored
 //!   under its key; its offset is not stored if the partition is gone. The new owner gets
 //!   the message again and its call waits for, then replays, that result: one effect.
-//!   librdkafka commits the offsets stored so far before the revocation completes.
+//!   The offsets stored so far are committed (synchronously) before the revocation
+//!   completes.
 //! - **Shutdown.** [`KafkaRunner::run`] stops polling when its `shutdown` future completes,
 //!   lets every running handler finish, and closes the consumer, which commits the stored
 //!   offsets.
@@ -345,7 +346,7 @@ struct RunnerContext {
 impl ClientContext for RunnerContext {}
 
 impl ConsumerContext for RunnerContext {
-    fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(list) = rebalance {
             for e in list.elements() {
                 tracing::debug!(
@@ -355,6 +356,11 @@ impl ConsumerContext for RunnerContext {
                 );
                 self.generations
                     .revoke((e.topic().to_owned(), e.partition()));
+            }
+            // Commit what is done before the partitions go: the next owner starts after the
+            // last settled message, not after the last auto-commit.
+            if let Err(e) = consumer.commit_consumer_state(rdkafka::consumer::CommitMode::Sync) {
+                tracing::debug!(error = %e, "kafka runner: commit on revocation");
             }
         }
     }
