@@ -493,12 +493,11 @@ impl<S: Store, K, H> Processor<S, K, H> {
         if let Some(ttl) = self.ttl {
             call = call.ttl(ttl);
         }
-        if let Some(p) = prepared {
-            call = call.prepared(p);
-        }
-        let result = call
-            .run(|attempt| self.handler.handle(message.clone(), attempt))
-            .await;
+        let action = |attempt| self.handler.handle(message.clone(), attempt);
+        let result = match prepared {
+            Some(p) => call.prepared(p).run(action).await,
+            None => call.run(action).await,
+        };
         self.settled(result, delivery)
     }
 

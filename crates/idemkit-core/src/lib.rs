@@ -63,7 +63,8 @@ pub mod store;
 
 pub use codec::{BytesCodec, Codec, JsonCodec};
 pub use coordinator::{
-    Attempt, Call, Completer, Coordinator, CoordinatorBuilder, Prepared, Receipt, Source,
+    Attempt, Call, Completer, Coordinator, CoordinatorBuilder, Prepared, PreparedCall, Receipt,
+    Source,
 };
 pub use dynamic::DynStore;
 pub use error::{Disposition, Error, ErrorKind, Phase};

@@ -44,12 +44,16 @@ impl<S: Store> fmt::Debug for Prepared<S> {
     }
 }
 
+/// A prepared claim as a call uses it: the claim and when its `begin` was sent. Boxed: it
+/// lives in the call's future, which every call moves; unbatched calls pay one pointer.
+pub(super) type FirstClaim = Option<Box<(Result<Claim, StoreError>, Instant)>>;
+
 /// What a call takes from its prepared claim.
 pub(super) struct Taken {
     pub(super) owner: OwnerToken,
     /// The claim and when its `begin` was sent; `None` when the call must `begin` again
     /// (with this owner token) before trusting it.
-    pub(super) claim: Option<(Result<Claim, StoreError>, Instant)>,
+    pub(super) claim: FirstClaim,
 }
 
 impl<S: Store> Prepared<S> {
@@ -69,7 +73,7 @@ impl<S: Store> Prepared<S> {
         Some(Taken {
             owner: self.owner,
             claim: match (&claim, fresh) {
-                (_, true) => Some((claim, self.sent_at)),
+                (_, true) => Some(Box::new((claim, self.sent_at))),
                 // Stale: a begin with the same owner token confirms (or replaces) it.
                 (Ok(Claim::Reserved { .. }), false) => None,
                 // Stale news of someone else's record: ask again.

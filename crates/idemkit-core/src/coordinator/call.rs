@@ -252,9 +252,6 @@ pub struct Call<'a, S: Store, C> {
     pub(super) ttl: Option<Duration>,
     pub(super) policy: Policy,
     pub(super) codec: C,
-    /// Set by [`Call::prepared`]: a claim from a batch, used instead of the first `begin`.
-    /// Boxed: rarely set, and the call is moved on every call.
-    pub(super) prepared: Option<Box<super::batch::Prepared<S>>>,
 }
 
 impl<S: Store, C: fmt::Debug> fmt::Debug for Call<'_, S, C> {
@@ -287,7 +284,6 @@ impl<'a, S: Store> Call<'a, S, crate::JsonCodec> {
             ttl: None,
             policy,
             codec: crate::JsonCodec,
-            prepared: None,
         }
     }
 }
@@ -414,23 +410,24 @@ impl<'a, S: Store, C> Call<'a, S, C> {
             ttl: self.ttl,
             policy: self.policy,
             codec,
-            prepared: self.prepared,
         }
     }
 
     /// Uses a claim from a batch ([`Coordinator::prepare`]) instead of this call's first
-    /// `begin`, saving its round trip. A claim for another key, or one made stale by a long
-    /// wait in its batch, is not trusted: the call sends its own `begin` (with the claim's
-    /// owner token, so a reservation the batch made is confirmed, not waited on). Ignored
-    /// when the call has a fingerprint or a scope (a batch reserves without either): the
-    /// claim is released and the call begins as usual.
+    /// `begin`, saving its round trip; set the call's other options first. A claim for
+    /// another key, or one made stale by a long wait in its batch, is not trusted: the call
+    /// sends its own `begin` (with the claim's owner token, so a reservation the batch made
+    /// is confirmed, not waited on). Ignored when the call has a fingerprint or a scope (a
+    /// batch reserves without either): the claim is released and the call begins as usual.
     ///
     /// # Example
     ///
     /// See [`Coordinator::prepare`].
-    pub fn prepared(mut self, prepared: super::batch::Prepared<S>) -> Self {
-        self.prepared = Some(Box::new(prepared));
-        self
+    pub fn prepared(self, prepared: super::batch::Prepared<S>) -> PreparedCall<'a, S, C> {
+        PreparedCall {
+            call: self,
+            prepared: Box::new(prepared),
+        }
     }
 
     /// Runs the action at most once for this key and returns its value, or replays the stored
@@ -460,7 +457,8 @@ impl<'a, S: Store, C> Call<'a, S, C> {
         F: FnOnce(Attempt) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.execute(action, ReleaseOnError, None::<ByStore>).await
+        self.execute(action, ReleaseOnError, None::<ByStore>, None)
+            .await
     }
 
     /// Like [`run`](Call::run), but an error for which `is_permanent` returns true is stored
@@ -502,7 +500,7 @@ impl<'a, S: Store, C> Call<'a, S, C> {
         Fut: Future<Output = Result<T, E>>,
     {
         let errors = StorePermanent { is_permanent };
-        self.execute(action, errors, None::<ByStore>).await
+        self.execute(action, errors, None::<ByStore>, None).await
     }
 
     /// Like [`run`](Call::run), but the result is stored by `completer` (inside the caller's
@@ -530,7 +528,8 @@ impl<'a, S: Store, C> Call<'a, S, C> {
         F: FnOnce(Attempt) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.execute(action, ReleaseOnError, Some(completer)).await
+        self.execute(action, ReleaseOnError, Some(completer), None)
+            .await
     }
 
     /// [`run_storing_errors`](Call::run_storing_errors) with a [`Completer`]: a permanent
@@ -558,6 +557,63 @@ impl<'a, S: Store, C> Call<'a, S, C> {
         Fut: Future<Output = Result<T, E>>,
     {
         let errors = StorePermanent { is_permanent };
-        self.execute(action, errors, Some(completer)).await
+        self.execute(action, errors, Some(completer), None).await
+    }
+}
+
+/// A [`Call`] with a claim from a batch ([`Call::prepared`]). Kept apart from `Call` so that
+/// calls without one carry nothing for it.
+#[must_use = "a call does nothing until `run` is awaited"]
+pub struct PreparedCall<'a, S: Store, C> {
+    call: Call<'a, S, C>,
+    prepared: Box<super::batch::Prepared<S>>,
+}
+
+impl<S: Store, C: fmt::Debug> fmt::Debug for PreparedCall<'_, S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PreparedCall")
+            .field("call", &self.call)
+            .field("prepared", &self.prepared)
+            .finish()
+    }
+}
+
+impl<S: Store, C> PreparedCall<'_, S, C> {
+    /// [`Call::run`], with the batch's claim.
+    ///
+    /// # Errors
+    ///
+    /// As [`Call::run`].
+    pub async fn run<T, E, F, Fut>(self, action: F) -> Result<Receipt<T>, Error<E>>
+    where
+        C: Codec<T>,
+        F: FnOnce(Attempt) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        self.call
+            .execute(action, ReleaseOnError, None::<ByStore>, Some(self.prepared))
+            .await
+    }
+
+    /// [`Call::run_storing_errors`], with the batch's claim.
+    ///
+    /// # Errors
+    ///
+    /// As [`Call::run_storing_errors`].
+    pub async fn run_storing_errors<T, E, P, F, Fut>(
+        self,
+        is_permanent: P,
+        action: F,
+    ) -> Result<Receipt<T>, Error<E>>
+    where
+        C: Codec<T> + Codec<E>,
+        P: Fn(&E) -> bool,
+        F: FnOnce(Attempt) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let errors = StorePermanent { is_permanent };
+        self.call
+            .execute(action, errors, None::<ByStore>, Some(self.prepared))
+            .await
     }
 }

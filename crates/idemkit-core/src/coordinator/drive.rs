@@ -70,10 +70,11 @@ impl<S: Store, C> Call<'_, S, C> {
 
     /// Runs the call inside its span (`idemkit.call`, with `operation` and `key`).
     pub(super) async fn execute<T, E, F, Fut, P, K>(
-        mut self,
+        self,
         action: F,
         errors: P,
         completer: Option<K>,
+        prepared: Option<Box<super::batch::Prepared<S>>>,
     ) -> Result<Receipt<T>, Error<E>>
     where
         C: Codec<T>,
@@ -91,7 +92,6 @@ impl<S: Store, C> Call<'_, S, C> {
             Ok(e) => e,
             Err(reason) => return Err(Error::Config { reason }),
         };
-        let prepared = self.prepared.take();
         // Without a subscriber that wants the span, skip the wrapper: instrumenting moves the
         // whole call's state into it, on every call.
         if span.is_disabled() {
@@ -124,21 +124,16 @@ impl<S: Store, C> Call<'_, S, C> {
         let policy = &effective.policy;
         let key = StorageKey::new(op, self.scope.as_deref(), &self.key);
         // Row 31: a claim from a batch stands in for the first `begin` while it is fresh.
-        let (owner, mut first) = match prepared.and_then(|p| {
-            if self.fingerprint.is_some() {
-                return None; // a batch reserves without fingerprints: not this call's claim
-            }
-            p.take_for(&key, policy.renew_every())
-        }) {
-            Some(taken) => (taken.owner, taken.claim),
+        let (owner, mut first) = match prepared {
             None => (OwnerToken::random(), None),
+            Some(p) => self.take_prepared(*p, &key, policy),
         };
         let req = BeginRequest::new(&key, owner, policy.lease).with_fingerprint(self.fingerprint);
         let mut wait_deadline = None;
 
         loop {
             let (begin, started) = match first.take() {
-                Some((claim, sent_at)) => (claim, sent_at),
+                Some(taken) => *taken,
                 None => {
                     let started = now();
                     let begin = bounded(
@@ -251,6 +246,28 @@ impl<S: Store, C> Call<'_, S, C> {
                     return Box::pin(self.store_failed(Phase::Begin, source, policy, action)).await;
                 }
             }
+        }
+    }
+
+    /// The owner token and first claim a batch's claim gives this call (row 31); a fresh
+    /// token and no claim if it is not this call's (another key, or a fingerprint: a batch
+    /// reserves without one). Out of line: unbatched calls never come here.
+    #[cold]
+    #[inline(never)]
+    fn take_prepared(
+        &self,
+        prepared: super::batch::Prepared<S>,
+        key: &StorageKey,
+        policy: &Policy,
+    ) -> (OwnerToken, super::batch::FirstClaim) {
+        let taken = if self.fingerprint.is_some() {
+            None
+        } else {
+            prepared.take_for(key, policy.renew_every())
+        };
+        match taken {
+            Some(taken) => (taken.owner, taken.claim),
+            None => (OwnerToken::random(), None),
         }
     }
 

@@ -18,7 +18,7 @@ mod errors;
 mod lease;
 
 pub use batch::Prepared;
-pub use call::{Attempt, Call, Receipt, Source};
+pub use call::{Attempt, Call, PreparedCall, Receipt, Source};
 pub use complete::Completer;
 pub(crate) use lease::after;
 
