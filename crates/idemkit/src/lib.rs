@@ -8,6 +8,7 @@
 //! - `kafka`: the module `kafka` re-exports `idemkit-kafka` (`KafkaRunner`).
 //! - `nats`: the module `nats` re-exports `idemkit-nats` (`JetStreamRunner`).
 //! - `tower`: the module `tower` re-exports `idemkit-tower` (`IdempotencyLayer`).
+//! - `http`: the module `http` re-exports `idemkit-http` (the `Idempotency-Key` layer).
 #![forbid(unsafe_code)]
 
 pub use idemkit_core::*;
@@ -40,4 +41,10 @@ pub mod nats {
 #[cfg(feature = "tower")]
 pub mod tower {
     pub use idemkit_tower::*;
+}
+
+/// The `Idempotency-Key` layer for tower and axum: `idemkit-http`.
+#[cfg(feature = "http")]
+pub mod http {
+    pub use idemkit_http::*;
 }

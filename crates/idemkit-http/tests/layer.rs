@@ -1,0 +1,435 @@
+//! The layer in front of a real axum server on a loopback port, called with a real HTTP
+//! client (reqwest), and as a tower service with a tower-test mock inside.
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::routing::post;
+use http::{Request, StatusCode};
+use idemkit_core::{Coordinator, InFlight, MemoryStore, Operation, Scope, Store};
+use idemkit_http::{IdempotencyInfo, IdempotencyLayer, REPLAYED};
+use idemkit_test::{Fault, Probe};
+use tower::{Layer as _, ServiceExt as _};
+
+#[derive(Clone, Default)]
+struct App {
+    runs: Arc<AtomicUsize>,
+}
+
+/// `POST /payments`: counts its runs, takes 300 ms, answers 201 with a binary body that
+/// depends on the request body. `POST /flaky`: 503 on its first run, then 201.
+/// `POST /info`: echoes the extractor.
+fn router<S: Store>(layer: IdempotencyLayer<S>, app: App) -> Router {
+    Router::new()
+        .route(
+            "/payments",
+            post(
+                |State(app): State<App>, body: axum::body::Bytes| async move {
+                    let n = app.runs.fetch_add(1, Ordering::SeqCst) + 1;
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    let mut out = vec![0u8, 0xff, 0xfe];
+                    out.extend_from_slice(&body);
+                    out.extend_from_slice(format!("#{n}").as_bytes());
+                    (
+                        StatusCode::CREATED,
+                        [
+                            ("content-type", "application/octet-stream"),
+                            ("x-run", "yes"),
+                        ],
+                        out,
+                    )
+                },
+            ),
+        )
+        .route(
+            "/flaky",
+            post(|State(app): State<App>| async move {
+                let n = app.runs.fetch_add(1, Ordering::SeqCst) + 1;
+                if n == 1 {
+                    (StatusCode::SERVICE_UNAVAILABLE, "try again")
+                } else {
+                    (StatusCode::CREATED, "done")
+                }
+            }),
+        )
+        .route(
+            "/info",
+            post(|info: IdempotencyInfo| async move { format!("{}|{}", info.key, info.scope) }),
+        )
+        .layer(layer)
+        .with_state(app)
+}
+
+fn tenant_layer<S: Store>(store: S, mode: InFlight) -> IdempotencyLayer<S> {
+    IdempotencyLayer::builder(
+        Coordinator::new(store),
+        Operation::new("http.test").unwrap(),
+    )
+    .scope_by(|req: &http::request::Parts| {
+        Scope::new(req.headers.get("x-tenant")?.to_str().ok()?).ok()
+    })
+    .in_flight(mode)
+    .build()
+    .unwrap()
+}
+
+async fn serve(app: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}")
+}
+
+fn key() -> String {
+    format!("k-{:016x}", fastrand::u64(..))
+}
+
+async fn post_to(
+    client: &reqwest::Client,
+    url: &str,
+    key: Option<&str>,
+    tenant: Option<&str>,
+    body: &'static [u8],
+) -> reqwest::Response {
+    let mut req = client.post(url).body(body);
+    if let Some(k) = key {
+        req = req.header("idempotency-key", k);
+    }
+    if let Some(t) = tenant {
+        req = req.header("x-tenant", t);
+    }
+    req.send().await.expect("a response")
+}
+
+async fn problem_type(resp: reqwest::Response) -> String {
+    assert_eq!(
+        resp.headers()["content-type"],
+        "application/problem+json",
+        "errors are problem+json"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&resp.bytes().await.unwrap()).unwrap();
+    v["type"].as_str().unwrap().to_string()
+}
+
+async fn fifty_concurrent_identical_posts<S: Store>(store: S) {
+    let app = App::default();
+    let url = serve(router(tenant_layer(store, InFlight::Wait), app.clone())).await;
+    let client = reqwest::Client::new();
+    let k = key();
+    let calls = (0..50).map(|_| {
+        let (client, url, k) = (client.clone(), url.clone(), k.clone());
+        tokio::spawn(async move {
+            let r = post_to(
+                &client,
+                &format!("{url}/payments"),
+                Some(&k),
+                Some("t1"),
+                b"pay 10",
+            )
+            .await;
+            (r.status(), r.bytes().await.unwrap())
+        })
+    });
+    // Spawned all at once (an iterator would start each only when the previous ended).
+    let calls: Vec<_> = calls.collect();
+    let mut out = Vec::new();
+    for c in calls {
+        out.push(c.await.unwrap());
+    }
+    assert_eq!(app.runs.load(Ordering::SeqCst), 1, "the handler ran once");
+    let first = &out[0];
+    assert_eq!(first.0, StatusCode::CREATED);
+    assert!(
+        out.iter().all(|o| o == first),
+        "every caller got the same status and bytes"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_concurrent_identical_posts_run_once_and_all_get_the_same_response() {
+    fifty_concurrent_identical_posts(MemoryStore::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_concurrent_identical_posts_on_redis_run_once() {
+    let url =
+        std::env::var("IDEMKIT_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let store = idemkit_redis::RedisStore::builder()
+        .prefix(format!("idemkit-http-test-{:x}", fastrand::u64(..)))
+        .connect(&url)
+        .await;
+    if !idemkit_test::require_service(&format!("redis at {url}"), store.is_ok()) {
+        return;
+    }
+    fifty_concurrent_identical_posts(store.unwrap()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn in_reject_mode_one_succeeds_and_the_others_get_409_with_retry_after() {
+    let app = App::default();
+    let url = serve(router(
+        tenant_layer(MemoryStore::new(), InFlight::Reject),
+        app.clone(),
+    ))
+    .await;
+    let client = reqwest::Client::new();
+    let k = key();
+    let calls = (0..50).map(|_| {
+        let (client, url, k) = (client.clone(), url.clone(), k.clone());
+        tokio::spawn(async move {
+            let r = post_to(
+                &client,
+                &format!("{url}/payments"),
+                Some(&k),
+                Some("t1"),
+                b"pay 10",
+            )
+            .await;
+            let retry = r
+                .headers()
+                .get("retry-after")
+                .map(|v| v.to_str().unwrap().to_string());
+            (r.status(), retry)
+        })
+    });
+    let calls: Vec<_> = calls.collect();
+    let mut ok = 0;
+    let mut conflicts = 0;
+    for c in calls {
+        match c.await.unwrap() {
+            (StatusCode::CREATED, _) => ok += 1,
+            (StatusCode::CONFLICT, Some(retry)) => {
+                assert!(retry.parse::<u64>().unwrap() >= 1);
+                conflicts += 1;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(app.runs.load(Ordering::SeqCst), 1);
+    assert_eq!(ok + conflicts, 50);
+    assert!(ok >= 1 && conflicts >= 1, "ok {ok}, 409s {conflicts}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replay_is_marked_and_byte_for_byte_and_a_reused_key_is_422_also_mid_flight() {
+    let app = App::default();
+    let url = serve(router(
+        tenant_layer(MemoryStore::new(), InFlight::Wait),
+        app.clone(),
+    ))
+    .await;
+    let client = reqwest::Client::new();
+    let k = key();
+    let pay = format!("{url}/payments");
+    // Mid-flight: the first request runs for 300 ms; another body with its key meanwhile.
+    let first = {
+        let (client, pay, k) = (client.clone(), pay.clone(), k.clone());
+        tokio::spawn(async move { post_to(&client, &pay, Some(&k), Some("t1"), b"pay 10").await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let reused = post_to(&client, &pay, Some(&k), Some("t1"), b"pay 99").await;
+    assert_eq!(reused.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(problem_type(reused).await, "urn:idemkit:problem:key-reused");
+    let first = first.await.unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert!(first.headers().get(REPLAYED).is_none());
+    assert_eq!(first.headers()["x-run"], "yes");
+    let first_body = first.bytes().await.unwrap();
+
+    let again = post_to(&client, &pay, Some(&k), Some("t1"), b"pay 10").await;
+    assert_eq!(again.status(), StatusCode::CREATED);
+    assert_eq!(again.headers()[REPLAYED.as_str()], "true");
+    assert_eq!(again.headers()["content-type"], "application/octet-stream");
+    assert!(
+        again.headers().get("x-run").is_none(),
+        "only allowlisted headers are stored"
+    );
+    assert_eq!(
+        again.bytes().await.unwrap(),
+        first_body,
+        "identical bytes, binary included"
+    );
+    // After completion, too.
+    let reused = post_to(&client, &pay, Some(&k), Some("t1"), b"pay 99").await;
+    assert_eq!(reused.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(app.runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn keys_are_scoped_and_an_unscoped_request_is_refused() {
+    let app = App::default();
+    let url = serve(router(
+        tenant_layer(MemoryStore::new(), InFlight::Wait),
+        app.clone(),
+    ))
+    .await;
+    let client = reqwest::Client::new();
+    let (k, pay) = (key(), format!("{url}/payments"));
+    let a = post_to(&client, &pay, Some(&k), Some("tenant-a"), b"pay 10").await;
+    let b = post_to(&client, &pay, Some(&k), Some("tenant-b"), b"pay 10").await;
+    assert_eq!(
+        (a.status(), b.status()),
+        (StatusCode::CREATED, StatusCode::CREATED)
+    );
+    assert!(
+        b.headers().get(REPLAYED).is_none(),
+        "tenant b's request is not a's replay"
+    );
+    assert_eq!(
+        app.runs.load(Ordering::SeqCst),
+        2,
+        "two tenants, two executions"
+    );
+    let unscoped = post_to(&client, &pay, Some(&k), None, b"pay 10").await;
+    assert_eq!(unscoped.status(), StatusCode::FORBIDDEN);
+    assert_eq!(
+        problem_type(unscoped).await,
+        "urn:idemkit:problem:unscoped-request"
+    );
+    assert_eq!(app.runs.load(Ordering::SeqCst), 2);
+    // The extractor sees the key and the scope.
+    let info = post_to(
+        &client,
+        &format!("{url}/info"),
+        Some("\"quoted-key\""),
+        Some("t9"),
+        b"",
+    )
+    .await;
+    assert_eq!(info.text().await.unwrap(), "quoted-key|t9");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_missing_required_key_or_a_malformed_one_is_400_and_a_large_body_413() {
+    let layer = IdempotencyLayer::builder(
+        Coordinator::new(MemoryStore::new()),
+        Operation::new("http.test").unwrap(),
+    )
+    .global_scope("global")
+    .unwrap()
+    .required(true)
+    .max_body_bytes(16)
+    .build()
+    .unwrap();
+    let app = App::default();
+    let url = serve(router(layer, app.clone())).await;
+    let client = reqwest::Client::new();
+    let pay = format!("{url}/payments");
+    let missing = post_to(&client, &pay, None, None, b"x").await;
+    assert_eq!(missing.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        problem_type(missing).await,
+        "urn:idemkit:problem:missing-key"
+    );
+    for bad in ["two words", "\"unterminated", &"x".repeat(256)] {
+        let r = post_to(&client, &pay, Some(bad), None, b"x").await;
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{bad}");
+        assert_eq!(problem_type(r).await, "urn:idemkit:problem:malformed-key");
+    }
+    let big = post_to(
+        &client,
+        &pay,
+        Some(&key()),
+        None,
+        b"a body over sixteen bytes",
+    )
+    .await;
+    assert_eq!(big.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(app.runs.load(Ordering::SeqCst), 0, "no handler ran");
+    // A build without a scope rule is refused.
+    let unscoped = IdempotencyLayer::builder(
+        Coordinator::new(MemoryStore::new()),
+        Operation::new("http.test").unwrap(),
+    )
+    .build();
+    assert!(unscoped.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_5xx_releases_the_key_so_the_retry_runs_again() {
+    let app = App::default();
+    let url = serve(router(
+        tenant_layer(MemoryStore::new(), InFlight::Wait),
+        app.clone(),
+    ))
+    .await;
+    let client = reqwest::Client::new();
+    let (k, flaky) = (key(), format!("{url}/flaky"));
+    let first = post_to(&client, &flaky, Some(&k), Some("t1"), b"").await;
+    assert_eq!(first.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let retry = post_to(&client, &flaky, Some(&k), Some("t1"), b"").await;
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert!(retry.headers().get(REPLAYED).is_none());
+    let again = post_to(&client, &flaky, Some(&k), Some("t1"), b"").await;
+    assert_eq!(again.headers()[REPLAYED.as_str()], "true");
+    assert_eq!(app.runs.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_the_store_down_the_answer_is_503_and_nothing_runs() {
+    let store = Probe::new(MemoryStore::new());
+    store.fail(Fault::Begin, true);
+    let app = App::default();
+    let url = serve(router(
+        tenant_layer(store.clone(), InFlight::Wait),
+        app.clone(),
+    ))
+    .await;
+    let client = reqwest::Client::new();
+    let r = post_to(
+        &client,
+        &format!("{url}/payments"),
+        Some(&key()),
+        Some("t1"),
+        b"x",
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        problem_type(r).await,
+        "urn:idemkit:problem:store-unavailable"
+    );
+    assert_eq!(app.runs.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn with_a_tower_test_mock_the_inner_service_runs_once_per_key() {
+    let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, http::Response<Body>>();
+    handle.allow(10);
+    let inner = mock.map_err(|e| -> Infallible { panic!("the mock failed: {e}") });
+    let svc = tenant_layer(MemoryStore::new(), InFlight::Wait).layer(inner);
+    let req = |k: &str| {
+        Request::post("/payments")
+            .header("idempotency-key", k)
+            .header("x-tenant", "t1")
+            .body(Body::from("pay 10"))
+            .unwrap()
+    };
+    let first = tokio::spawn(svc.clone().oneshot(req("k1")));
+    let (got, reply) = handle
+        .next_request()
+        .await
+        .expect("the first request reaches it");
+    assert_eq!(got.uri(), "/payments");
+    reply.send_response(
+        http::Response::builder()
+            .status(201)
+            .body(Body::from("ch_1"))
+            .unwrap(),
+    );
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(first.status(), 201);
+    // The same key: answered from the store, the mock never asked (it would wait forever).
+    let again = tokio::time::timeout(Duration::from_secs(5), svc.clone().oneshot(req("k1")))
+        .await
+        .expect("replayed without the inner service")
+        .unwrap();
+    assert_eq!(again.status(), 201);
+    assert_eq!(again.headers()[REPLAYED.as_str()], "true");
+    let body = axum::body::to_bytes(again.into_body(), 1024).await.unwrap();
+    assert_eq!(&body[..], b"ch_1");
+}
