@@ -57,6 +57,24 @@ fn router<S: Store>(layer: IdempotencyLayer<S>, app: App) -> Router {
             }),
         )
         .route(
+            "/panics",
+            post(|State(app): State<App>| async move {
+                let n = app.runs.fetch_add(1, Ordering::SeqCst) + 1;
+                if n == 1 {
+                    panic!("the handler failed half-way");
+                }
+                (StatusCode::CREATED, "done")
+            }),
+        )
+        .route(
+            "/slow",
+            post(|State(app): State<App>| async move {
+                app.runs.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                (StatusCode::CREATED, "slow")
+            }),
+        )
+        .route(
             "/info",
             post(|info: IdempotencyInfo| async move { format!("{}|{}", info.key, info.scope) }),
         )
@@ -432,4 +450,134 @@ async fn with_a_tower_test_mock_the_inner_service_runs_once_per_key() {
     assert_eq!(again.headers()[REPLAYED.as_str()], "true");
     let body = axum::body::to_bytes(again.into_body(), 1024).await.unwrap();
     assert_eq!(&body[..], b"ch_1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_json_body_can_be_fingerprinted_by_its_value() {
+    let layer = |canonical| {
+        IdempotencyLayer::builder(
+            Coordinator::new(MemoryStore::new()),
+            Operation::new("http.test").unwrap(),
+        )
+        .global_scope("global")
+        .unwrap()
+        .canonical_json(canonical)
+        .fingerprint_headers([http::header::HeaderName::from_static("x-currency")])
+        .build()
+        .unwrap()
+    };
+    for canonical in [true, false] {
+        let app = App::default();
+        let url = serve(router(layer(canonical), app.clone())).await;
+        let client = reqwest::Client::new();
+        let (k, pay) = (key(), format!("{url}/payments"));
+        let send = |body: &'static str, currency: &'static str| {
+            client
+                .post(&pay)
+                .header("idempotency-key", &k)
+                .header("x-currency", currency)
+                .body(body)
+                .send()
+        };
+        let first = send(r#"{"amount": 10, "to": "acme"}"#, "EUR")
+            .await
+            .unwrap();
+        assert_eq!(first.status(), StatusCode::CREATED);
+        // The same request, re-serialised by the client: other key order and whitespace.
+        let again = send(r#"{"to":"acme","amount":10}"#, "EUR").await.unwrap();
+        if canonical {
+            assert_eq!(again.status(), StatusCode::CREATED, "the same JSON value");
+            assert_eq!(again.headers()[REPLAYED.as_str()], "true");
+        } else {
+            assert_eq!(
+                again.status(),
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "other bytes"
+            );
+        }
+        // Another value, or another fingerprinted header: a different request.
+        let other = send(r#"{"to":"acme","amount":11}"#, "EUR").await.unwrap();
+        assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        let other = send(r#"{"amount": 10, "to": "acme"}"#, "USD")
+            .await
+            .unwrap();
+        assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(app.runs.load(Ordering::SeqCst), 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_handler_that_panicked_stores_nothing_and_its_retry_runs() {
+    let app = App::default();
+    let url = serve(router(
+        tenant_layer(MemoryStore::new(), InFlight::Reject),
+        app.clone(),
+    ))
+    .await;
+    let client = reqwest::Client::new();
+    let (k, panics) = (key(), format!("{url}/panics"));
+    let first = client
+        .post(&panics)
+        .header("idempotency-key", &k)
+        .header("x-tenant", "t1")
+        .send()
+        .await;
+    // The connection's task died with the handler: no response, or a 500 from the stack.
+    assert!(first.is_err() || first.unwrap().status().is_server_error());
+    // The key was released as the call unwound (reject mode would answer 409 otherwise).
+    let mut retry = None;
+    for _ in 0..100 {
+        let r = post_to(&client, &panics, Some(&k), Some("t1"), b"").await;
+        if r.status() != StatusCode::CONFLICT {
+            retry = Some(r);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let retry = retry.expect("the key was released");
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert!(
+        retry.headers().get(REPLAYED).is_none(),
+        "nothing was stored for the panic"
+    );
+    assert_eq!(app.runs.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_that_disconnects_mid_request_leaves_the_key_usable() {
+    let app = App::default();
+    let url = serve(router(
+        tenant_layer(MemoryStore::new(), InFlight::Reject),
+        app.clone(),
+    ))
+    .await;
+    let (k, slow) = (key(), format!("{url}/slow"));
+    // The client gives up after 200 ms of a 2 s handler and closes its connection.
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let gave_up = impatient
+        .post(&slow)
+        .header("idempotency-key", &k)
+        .header("x-tenant", "t1")
+        .send()
+        .await;
+    assert!(gave_up.is_err(), "the client timed out");
+    drop(impatient);
+    // The server drops the request with the connection: the call's guard releases the key,
+    // so a retry runs at once instead of being refused as in progress for the lease.
+    let client = reqwest::Client::new();
+    let mut status = StatusCode::CONFLICT;
+    for _ in 0..50 {
+        status = post_to(&client, &slow, Some(&k), Some("t1"), b"")
+            .await
+            .status();
+        if status != StatusCode::CONFLICT {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(status, StatusCode::CREATED, "the retry ran");
+    assert_eq!(app.runs.load(Ordering::SeqCst), 2);
 }
