@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use clap::Parser;
+mod http;
 mod kafka;
 mod measure;
 mod postgres;
@@ -166,6 +167,15 @@ fn main() -> ExitCode {
             Ok(report) => print!("{report}"),
             Err(e) => {
                 eprintln!("idemkit-bench: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    if args.http {
+        match runtime.block_on(http::run(&args.store, args.http_requests, args.rounds)) {
+            Ok(report) => print!("\n{report}"),
+            Err(e) => {
+                eprintln!("idemkit-bench: HTTP: {e}");
                 return ExitCode::FAILURE;
             }
         }

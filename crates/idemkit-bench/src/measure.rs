@@ -53,6 +53,12 @@ pub(crate) struct BenchArgs {
     /// batch reservation off and on) on this Kafka-protocol broker, e.g. `127.0.0.1:9092`.
     #[arg(long)]
     pub(crate) kafka: Option<String>,
+    /// Also measure the HTTP layer (an axum app with and without it, keys on `--store`).
+    #[arg(long)]
+    pub(crate) http: bool,
+    /// Requests per HTTP case.
+    #[arg(long, default_value_t = 20_000)]
+    pub(crate) http_requests: usize,
     /// Messages per consumer case.
     #[arg(long, default_value_t = 20_000)]
     pub(crate) kafka_messages: usize,
