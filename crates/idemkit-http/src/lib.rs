@@ -24,9 +24,11 @@
 //! - **What is final**: a user rule, by default 2xx and 4xx except 408, 409, 425 and 429 are
 //!   final (stored and replayed); anything else (5xx) releases the key, so the client's retry
 //!   runs the handler again.
-//! - **Failures**: the store down is `503` (fail closed; with the coordinator's policy
-//!   `OnStoreError::FailOpen` the handler runs unprotected instead). A handler that panics
-//!   stores nothing (its key is released as the call unwinds). Every error is
+//! - **Failures**: the store down is `503` (fail closed; with
+//!   [`on_store_error(OnStoreError::FailOpen)`](Builder::on_store_error), or that policy on
+//!   the coordinator, the handler runs unprotected instead). A handler that panics stores
+//!   nothing, and neither does a request whose client disconnected mid-way: the call is
+//!   dropped with it and its key released at once. Every error is
 //!   `application/problem+json` with a stable `type` (see [`Problem`]).
 //!
 //! The handler can read the key and the fingerprint with the [`IdempotencyInfo`] extractor.
@@ -70,7 +72,8 @@ use http::header::{HeaderName, HeaderValue};
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt as _;
 use idemkit_core::{
-    Codec, Coordinator, Error, Fingerprint, InFlight, Key, KeyError, Operation, Scope, Store,
+    Codec, Coordinator, Error, FencingToken, Fingerprint, InFlight, Key, KeyError, OnStoreError,
+    Operation, Scope, Store,
 };
 use tower_layer::Layer;
 use tower_service::Service;
@@ -103,6 +106,7 @@ struct Config<S> {
     is_final: fn(StatusCode) -> bool,
     in_flight: Option<InFlight>,
     ttl: Option<Duration>,
+    on_store_error: Option<OnStoreError>,
 }
 
 /// The default rule for what is final (stored and replayed): 2xx, and 4xx other than 408,
@@ -137,6 +141,7 @@ pub struct Builder<S> {
     is_final: fn(StatusCode) -> bool,
     in_flight: Option<InFlight>,
     ttl: Option<Duration>,
+    on_store_error: Option<OnStoreError>,
 }
 
 impl<S> fmt::Debug for Builder<S> {
@@ -254,6 +259,14 @@ impl<S: Store> Builder<S> {
         self
     }
 
+    /// What a request does when the store is down, instead of the coordinator's policy:
+    /// `FailClosed` answers `503` (the default policy), `FailOpen` runs the handler
+    /// unprotected (counted and logged by the coordinator; nothing is stored).
+    pub fn on_store_error(mut self, on_store_error: OnStoreError) -> Self {
+        self.on_store_error = Some(on_store_error);
+        self
+    }
+
     /// The layer.
     ///
     /// # Errors
@@ -275,6 +288,7 @@ impl<S: Store> Builder<S> {
                 is_final: self.is_final,
                 in_flight: self.in_flight,
                 ttl: self.ttl,
+                on_store_error: self.on_store_error,
             }),
         })
     }
@@ -326,6 +340,7 @@ impl<S: Store> IdempotencyLayer<S> {
             is_final: final_by_default,
             in_flight: None,
             ttl: None,
+            on_store_error: None,
         }
     }
 }
@@ -376,6 +391,12 @@ pub struct IdempotencyInfo {
     pub scope: Scope,
     /// The request's fingerprint.
     pub fingerprint: Fingerprint,
+    /// The fencing token of this run's reservation: `None` when the handler runs
+    /// unprotected (the store down and the layer failing open). A handler runs only for the
+    /// first request of a key to complete (replays never reach it; a request whose response
+    /// was not final released the key, and its retry runs with a higher token): pass the
+    /// token to a downstream system that orders writers.
+    pub fencing: Option<FencingToken>,
 }
 
 impl<St: Send + Sync> axum::extract::FromRequestParts<St> for IdempotencyInfo {
@@ -690,11 +711,12 @@ where
         Err(e) => return Problem::UnreadableBody.response(&e.to_string()),
     };
     let fingerprint = fingerprint(&config, &parts, &bytes);
-    parts.extensions.insert(IdempotencyInfo {
+    let mut info = IdempotencyInfo {
         key: key.clone(),
         scope: scope.clone(),
         fingerprint,
-    });
+        fencing: None,
+    };
     let mut call = config
         .coordinator
         .call(&config.operation, &key)
@@ -702,6 +724,13 @@ where
         .fingerprint(fingerprint);
     if let Some(m) = config.in_flight {
         call = call.in_flight(m);
+    }
+    if let Some(on_store_error) = config.on_store_error {
+        let policy = config
+            .coordinator
+            .policy_for(&config.operation)
+            .on_store_error(on_store_error);
+        call = call.policy(policy.in_flight(config.in_flight.unwrap_or(policy.in_flight)));
     }
     if let Some(ttl) = config.ttl {
         call = call.ttl(ttl);
@@ -712,7 +741,9 @@ where
     let is_final = config.is_final;
     let result = call
         .codec(codec)
-        .run(|_attempt| async move {
+        .run(|attempt| async move {
+            info.fencing = attempt.fencing_token();
+            parts.extensions.insert(info);
             let resp = call_inner(&mut inner, Request::from_parts(parts, Body::from(bytes))).await;
             let (rparts, rbody) = resp.into_parts();
             match rbody.collect().await {

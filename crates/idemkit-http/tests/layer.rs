@@ -76,7 +76,9 @@ fn router<S: Store>(layer: IdempotencyLayer<S>, app: App) -> Router {
         )
         .route(
             "/info",
-            post(|info: IdempotencyInfo| async move { format!("{}|{}", info.key, info.scope) }),
+            post(|info: IdempotencyInfo| async move {
+                format!("{}|{}|{}", info.key, info.scope, info.fencing.is_some())
+            }),
         )
         .layer(layer)
         .with_state(app)
@@ -318,7 +320,7 @@ async fn keys_are_scoped_and_an_unscoped_request_is_refused() {
         b"",
     )
     .await;
-    assert_eq!(info.text().await.unwrap(), "quoted-key|t9");
+    assert_eq!(info.text().await.unwrap(), "quoted-key|t9|true");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -580,4 +582,39 @@ async fn a_client_that_disconnects_mid_request_leaves_the_key_usable() {
     }
     assert_eq!(status, StatusCode::CREATED, "the retry ran");
     assert_eq!(app.runs.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failing_open_with_the_store_down_runs_the_handler_unprotected() {
+    let store = Probe::new(MemoryStore::new());
+    store.fail(Fault::Begin, true);
+    let layer = IdempotencyLayer::builder(
+        Coordinator::new(store),
+        Operation::new("http.test").unwrap(),
+    )
+    .global_scope("global")
+    .unwrap()
+    .on_store_error(idemkit_core::OnStoreError::FailOpen)
+    .build()
+    .unwrap();
+    let app = App::default();
+    let url = serve(router(layer, app.clone())).await;
+    let client = reqwest::Client::new();
+    let k = key();
+    let info = post_to(&client, &format!("{url}/info"), Some(&k), None, b"").await;
+    assert_eq!(info.status(), StatusCode::OK);
+    assert!(
+        info.text().await.unwrap().ends_with("|false"),
+        "no fencing token: unprotected"
+    );
+    for _ in 0..2 {
+        let r = post_to(&client, &format!("{url}/payments"), Some(&k), None, b"x").await;
+        assert_eq!(r.status(), StatusCode::CREATED);
+        assert!(r.headers().get(REPLAYED).is_none());
+    }
+    assert_eq!(
+        app.runs.load(Ordering::SeqCst),
+        2,
+        "unprotected: nothing stored, both ran"
+    );
 }
