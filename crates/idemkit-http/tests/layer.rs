@@ -618,3 +618,64 @@ async fn failing_open_with_the_store_down_runs_the_handler_unprotected() {
         "unprotected: nothing stored, both ran"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_waiting_client_that_disconnects_leaves_no_subscription_on_redis() {
+    let url =
+        std::env::var("IDEMKIT_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let store = idemkit_redis::RedisStore::builder()
+        .prefix(format!("idemkit-http-test-{:x}", fastrand::u64(..)))
+        .connect(&url)
+        .await;
+    if !idemkit_test::require_service(&format!("redis at {url}"), store.is_ok()) {
+        return;
+    }
+    let store = store.unwrap();
+    let app = App::default();
+    let base = serve(router(
+        tenant_layer(store.clone(), InFlight::Wait),
+        app.clone(),
+    ))
+    .await;
+    let (k, slow) = (key(), format!("{base}/slow"));
+    let first = {
+        let (slow, k) = (slow.clone(), k.clone());
+        tokio::spawn(async move {
+            post_to(&reqwest::Client::new(), &slow, Some(&k), Some("t1"), b"")
+                .await
+                .status()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A retry waits for the first response (subscribed to the key's wake-up channel), then
+    // gives up after 300 ms and closes its connection.
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let waiting = post_to_result(&impatient, &slow, &k).await;
+    assert!(waiting.is_err(), "the retry timed out while waiting");
+    drop(impatient);
+    let unsubscribed = idemkit_test::eventually(Duration::from_secs(1), || async {
+        store.waiting_channels() == 0
+    })
+    .await;
+    // Checked while the first request still runs: not a wake-up that cleaned up.
+    assert!(!first.is_finished(), "the first request still runs");
+    assert!(unsubscribed, "the dropped waiter's subscription is gone");
+    assert_eq!(first.await.unwrap(), StatusCode::CREATED);
+    assert_eq!(app.runs.load(Ordering::SeqCst), 1);
+}
+
+async fn post_to_result(
+    client: &reqwest::Client,
+    url: &str,
+    key: &str,
+) -> Result<reqwest::Response, reqwest::Error> {
+    client
+        .post(url)
+        .header("idempotency-key", key)
+        .header("x-tenant", "t1")
+        .send()
+        .await
+}
