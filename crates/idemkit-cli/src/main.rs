@@ -5,6 +5,8 @@
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+mod ops;
+
 use clap::{Parser, Subcommand};
 use idemkit_core::MemoryStore;
 
@@ -28,6 +30,27 @@ enum Command {
         /// (one hour); on PostgreSQL each run uses its own schema, dropped at the end.
         #[arg(long, default_value = "memory")]
         store: String,
+    },
+    /// Show one record: state, owner, fencing token, age, time left, fingerprint, result.
+    /// Exit codes: 0 shown, 2 bad arguments, 3 no live record, 4 store down, 5 not a record
+    /// of ours, 7 other store error.
+    Inspect {
+        #[command(flatten)]
+        store: ops::StoreArgs,
+        #[command(flatten)]
+        record: ops::RecordArgs,
+    },
+    /// Release a stuck reservation (an owner killed mid-action), so the next delivery runs
+    /// at once instead of after the lease. A completed record is refused (exit 6) unless
+    /// `--force`, which removes it. Other exit codes as for `inspect`.
+    Release {
+        #[command(flatten)]
+        store: ops::StoreArgs,
+        #[command(flatten)]
+        record: ops::RecordArgs,
+        /// Also remove a completed record (its effect may then run again).
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -75,6 +98,16 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+        Command::Inspect { store, record } => {
+            runtime.block_on(ops::inspect(&store, &record)).into()
+        }
+        Command::Release {
+            store,
+            record,
+            force,
+        } => runtime
+            .block_on(ops::release(&store, &record, force))
+            .into(),
     }
 }
 
