@@ -84,17 +84,27 @@ fn router<S: Store>(layer: IdempotencyLayer<S>, app: App) -> Router {
         .with_state(app)
 }
 
-fn tenant_layer<S: Store>(store: S, mode: InFlight) -> IdempotencyLayer<S> {
+/// A builder for the tests' operation.
+fn builder<S: Store>(store: S) -> idemkit_http::Builder<S> {
     IdempotencyLayer::builder(
         Coordinator::new(store),
         Operation::new("http.test").unwrap(),
     )
-    .scope_by(|req: &http::request::Parts| {
-        Scope::new(req.headers.get("x-tenant")?.to_str().ok()?).ok()
-    })
-    .in_flight(mode)
-    .build()
-    .unwrap()
+}
+
+/// A builder with one global scope.
+fn global<S: Store>(store: S) -> idemkit_http::Builder<S> {
+    builder(store).global_scope("global").unwrap()
+}
+
+fn tenant_layer<S: Store>(store: S, mode: InFlight) -> IdempotencyLayer<S> {
+    builder(store)
+        .scope_by(|req: &http::request::Parts| {
+            Scope::new(req.headers.get("x-tenant")?.to_str().ok()?).ok()
+        })
+        .in_flight(mode)
+        .build()
+        .unwrap()
 }
 
 async fn serve(app: Router) -> String {
@@ -325,16 +335,11 @@ async fn keys_are_scoped_and_an_unscoped_request_is_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_missing_required_key_or_a_malformed_one_is_400_and_a_large_body_413() {
-    let layer = IdempotencyLayer::builder(
-        Coordinator::new(MemoryStore::new()),
-        Operation::new("http.test").unwrap(),
-    )
-    .global_scope("global")
-    .unwrap()
-    .required(true)
-    .max_body_bytes(16)
-    .build()
-    .unwrap();
+    let layer = global(MemoryStore::new())
+        .required(true)
+        .max_body_bytes(16)
+        .build()
+        .unwrap();
     let app = App::default();
     let url = serve(router(layer, app.clone())).await;
     let client = reqwest::Client::new();
@@ -361,11 +366,7 @@ async fn a_missing_required_key_or_a_malformed_one_is_400_and_a_large_body_413()
     assert_eq!(big.status(), StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(app.runs.load(Ordering::SeqCst), 0, "no handler ran");
     // A build without a scope rule is refused.
-    let unscoped = IdempotencyLayer::builder(
-        Coordinator::new(MemoryStore::new()),
-        Operation::new("http.test").unwrap(),
-    )
-    .build();
+    let unscoped = builder(MemoryStore::new()).build();
     assert!(unscoped.is_err());
 }
 
@@ -457,16 +458,11 @@ async fn with_a_tower_test_mock_the_inner_service_runs_once_per_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_json_body_can_be_fingerprinted_by_its_value() {
     let layer = |canonical| {
-        IdempotencyLayer::builder(
-            Coordinator::new(MemoryStore::new()),
-            Operation::new("http.test").unwrap(),
-        )
-        .global_scope("global")
-        .unwrap()
-        .canonical_json(canonical)
-        .fingerprint_headers([http::header::HeaderName::from_static("x-currency")])
-        .build()
-        .unwrap()
+        global(MemoryStore::new())
+            .canonical_json(canonical)
+            .fingerprint_headers([http::header::HeaderName::from_static("x-currency")])
+            .build()
+            .unwrap()
     };
     for canonical in [true, false] {
         let app = App::default();
@@ -588,15 +584,10 @@ async fn a_client_that_disconnects_mid_request_leaves_the_key_usable() {
 async fn failing_open_with_the_store_down_runs_the_handler_unprotected() {
     let store = Probe::new(MemoryStore::new());
     store.fail(Fault::Begin, true);
-    let layer = IdempotencyLayer::builder(
-        Coordinator::new(store),
-        Operation::new("http.test").unwrap(),
-    )
-    .global_scope("global")
-    .unwrap()
-    .on_store_error(idemkit_core::OnStoreError::FailOpen)
-    .build()
-    .unwrap();
+    let layer = global(store)
+        .on_store_error(idemkit_core::OnStoreError::FailOpen)
+        .build()
+        .unwrap();
     let app = App::default();
     let url = serve(router(layer, app.clone())).await;
     let client = reqwest::Client::new();

@@ -1,0 +1,91 @@
+//! The problem details the layer answers with (RFC 9457).
+
+use axum::body::Body;
+use http::header::HeaderValue;
+use http::{Response, StatusCode};
+
+/// The problems the layer answers with, as `application/problem+json` (RFC 9457): each has
+/// a stable `type`, `urn:idemkit:problem:<name>`.
+///
+/// | problem | status | when |
+/// |---|---|---|
+/// | `missing-key` | 400 | the route requires the header and it is absent |
+/// | `malformed-key` | 400 | the header is not a string or token, is empty, repeated, or over 255 characters |
+/// | `unscoped-request` | 403 | the scope function could not scope the request |
+/// | `body-too-large` | 413 | the body is over `max_body_bytes` |
+/// | `unreadable-body` | 400 | the body could not be read |
+/// | `in-progress` | 409 | reject mode: the first request with this key still runs (`Retry-After`) |
+/// | `key-reused` | 422 | the key was used for a different request |
+/// | `store-unavailable` | 503 | the store is down (fail closed) |
+/// | `internal` | 500 | a stored record that cannot be read, or a response that could not be stored |
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Problem {
+    /// 400: the header is required and absent.
+    MissingKey,
+    /// 400: the header is malformed.
+    MalformedKey,
+    /// 403: the request could not be scoped.
+    UnscopedRequest,
+    /// 413: the body is too large.
+    BodyTooLarge,
+    /// 400: the body could not be read.
+    UnreadableBody,
+    /// 409: in progress (reject mode).
+    InProgress,
+    /// 422: the key was used for another request.
+    KeyReused,
+    /// 503: the store is down.
+    StoreUnavailable,
+    /// 500: anything else.
+    Internal,
+}
+
+impl Problem {
+    /// The problem's name, the last part of its `type`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Problem::MissingKey => "missing-key",
+            Problem::MalformedKey => "malformed-key",
+            Problem::UnscopedRequest => "unscoped-request",
+            Problem::BodyTooLarge => "body-too-large",
+            Problem::UnreadableBody => "unreadable-body",
+            Problem::InProgress => "in-progress",
+            Problem::KeyReused => "key-reused",
+            Problem::StoreUnavailable => "store-unavailable",
+            Problem::Internal => "internal",
+        }
+    }
+
+    /// Its status.
+    pub fn status(self) -> StatusCode {
+        match self {
+            Problem::MissingKey | Problem::MalformedKey | Problem::UnreadableBody => {
+                StatusCode::BAD_REQUEST
+            }
+            Problem::UnscopedRequest => StatusCode::FORBIDDEN,
+            Problem::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Problem::InProgress => StatusCode::CONFLICT,
+            Problem::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            Problem::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Problem::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The response: `application/problem+json` with `type`, `title`, `status`, `detail`.
+    pub fn response(self, detail: &str) -> Response<Body> {
+        let body = serde_json::json!({
+            "type": format!("urn:idemkit:problem:{}", self.name()),
+            "title": self.status().canonical_reason().unwrap_or("error"),
+            "status": self.status().as_u16(),
+            "detail": detail,
+        });
+        let mut resp = Response::new(Body::from(body.to_string()));
+        *resp.status_mut() = self.status();
+        resp.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        resp
+    }
+}

@@ -1,0 +1,238 @@
+//! One request through the layer: parse, scope, read, fingerprint, call, answer.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use bytes::Bytes;
+use http::header::HeaderValue;
+use http::{Request, Response};
+use http_body_util::BodyExt as _;
+use idemkit_core::{Error, Fingerprint, Key, Store};
+use tower_service::Service;
+
+use crate::stored::{NotFinal, ResponseCodec, Stored};
+use crate::{
+    Config, IDEMPOTENCY_KEY, IdempotencyInfo, Idempotent, Problem, REPLAYED, ScopeRule, parse_key,
+};
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S, Svc> Service<Request<Body>> for Idempotent<S, Svc>
+where
+    S: Store,
+    Svc: Service<Request<Body>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    Svc::Future: Send,
+{
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Response<Body>, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        // The ready service serves this request; a clone waits for the next.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let config = self.config.clone();
+        Box::pin(async move { Ok(handle(config, inner, req).await) })
+    }
+}
+
+async fn handle<S, Svc>(
+    config: Arc<Config<S>>,
+    mut inner: Svc,
+    req: Request<Body>,
+) -> Response<Body>
+where
+    S: Store,
+    Svc: Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Send + 'static,
+    Svc::Future: Send,
+{
+    if !config.methods.contains(req.method()) {
+        return call_inner(&mut inner, req).await;
+    }
+    let (mut parts, body) = req.into_parts();
+    let mut values = parts.headers.get_all(&IDEMPOTENCY_KEY).iter();
+    let key = match (values.next(), values.next()) {
+        (None, _) if config.required => {
+            return Problem::MissingKey.response("this request requires an Idempotency-Key header");
+        }
+        (None, _) => return call_inner(&mut inner, Request::from_parts(parts, body)).await,
+        (Some(_), Some(_)) => {
+            return Problem::MalformedKey.response("more than one Idempotency-Key header");
+        }
+        (Some(v), None) => match parse_key(v.as_bytes()).map(Key::new) {
+            Ok(Ok(key)) => key,
+            Ok(Err(e)) => return Problem::MalformedKey.response(&e.to_string()),
+            Err(e) => return Problem::MalformedKey.response(e),
+        },
+    };
+    let scope = match &config.scope {
+        ScopeRule::Global(s) => s.clone(),
+        ScopeRule::By(f) => match f(&parts) {
+            Some(s) => s,
+            None => {
+                return Problem::UnscopedRequest
+                    .response("this request cannot be scoped to a caller, so its key is refused");
+            }
+        },
+    };
+    let bytes = match http_body_util::Limited::new(body, config.max_body)
+        .collect()
+        .await
+    {
+        Ok(c) => c.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            return Problem::BodyTooLarge.response(&format!(
+                "the body is over {} bytes: nothing was stored",
+                config.max_body
+            ));
+        }
+        Err(e) => return Problem::UnreadableBody.response(&e.to_string()),
+    };
+    let fingerprint = fingerprint(&config, &parts, &bytes);
+    let mut info = IdempotencyInfo {
+        key: key.clone(),
+        scope: scope.clone(),
+        fingerprint,
+        fencing: None,
+    };
+    let mut call = config
+        .coordinator
+        .call(&config.operation, &key)
+        .scope_owned(scope)
+        .fingerprint(fingerprint);
+    if let Some(m) = config.in_flight {
+        call = call.in_flight(m);
+    }
+    if let Some(on_store_error) = config.on_store_error {
+        let policy = config
+            .coordinator
+            .policy_for(&config.operation)
+            .on_store_error(on_store_error);
+        call = call.policy(policy.in_flight(config.in_flight.unwrap_or(policy.in_flight)));
+    }
+    if let Some(ttl) = config.ttl {
+        call = call.ttl(ttl);
+    }
+    let codec = ResponseCodec {
+        keep: config.keep.clone(),
+    };
+    let is_final = config.is_final;
+    let result = call
+        .codec(codec)
+        .run(|attempt| async move {
+            info.fencing = attempt.fencing_token();
+            parts.extensions.insert(info);
+            let resp = call_inner(&mut inner, Request::from_parts(parts, Body::from(bytes))).await;
+            let (rparts, rbody) = resp.into_parts();
+            match rbody.collect().await {
+                Ok(c) if is_final(rparts.status) => Ok(Stored {
+                    status: rparts.status,
+                    headers: rparts.headers,
+                    body: c.to_bytes(),
+                }),
+                Ok(c) => Err(NotFinal(Response::from_parts(
+                    rparts,
+                    Body::from(c.to_bytes()),
+                ))),
+                Err(e) => Err(NotFinal(
+                    Problem::Internal.response(&format!("the handler's body failed: {e}")),
+                )),
+            }
+        })
+        .await;
+    match result {
+        Ok(receipt) => {
+            let replayed = receipt.is_replay();
+            let Stored {
+                status,
+                headers,
+                body,
+            } = receipt.value;
+            let mut resp = Response::new(Body::from(body));
+            *resp.status_mut() = status;
+            *resp.headers_mut() = headers;
+            if replayed {
+                resp.headers_mut()
+                    .insert(REPLAYED, HeaderValue::from_static("true"));
+            }
+            resp
+        }
+        Err(Error::Action(NotFinal(resp))) => resp,
+        Err(e @ Error::InFlight { .. }) => {
+            let after = e.retry_after().unwrap_or_default();
+            // Whole seconds, rounded up: "Retry-After: 0" would invite an immediate retry.
+            let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+            let mut resp = Problem::InProgress
+                .response("a request with this key is still being processed; retry later");
+            resp.headers_mut()
+                .insert(http::header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+            resp
+        }
+        Err(Error::KeyReused) => {
+            Problem::KeyReused.response("this Idempotency-Key was used for a different request")
+        }
+        Err(Error::Store { source, .. }) if source.is_unavailable() => {
+            Problem::StoreUnavailable.response("the idempotency store is unavailable")
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "idempotency layer: answering 500");
+            Problem::Internal.response(&e.to_string())
+        }
+    }
+}
+
+async fn call_inner<Svc>(inner: &mut Svc, req: Request<Body>) -> Response<Body>
+where
+    Svc: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
+{
+    match std::future::poll_fn(|cx| inner.poll_ready(cx)).await {
+        Ok(()) => {}
+        Err(never) => match never {},
+    }
+    match inner.call(req).await {
+        Ok(resp) => resp,
+        Err(never) => match never {},
+    }
+}
+
+/// Method, path and query, the chosen headers, and the body (its JSON value when
+/// `canonical_json` is on and it parses).
+fn fingerprint<S>(config: &Config<S>, parts: &http::request::Parts, body: &Bytes) -> Fingerprint {
+    let canonical;
+    let body: &[u8] = if config.canonical_json {
+        match serde_json::from_slice::<serde_json::Value>(body) {
+            // serde_json's maps are sorted by key and serialised without whitespace.
+            Ok(v) => {
+                canonical = v.to_string();
+                canonical.as_bytes()
+            }
+            Err(_) => body,
+        }
+    } else {
+        body
+    };
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or("/", http::uri::PathAndQuery::as_str);
+    let mut fields: Vec<&[u8]> = vec![parts.method.as_str().as_bytes(), path.as_bytes()];
+    for name in &config.headers {
+        fields.push(name.as_str().as_bytes());
+        for v in parts.headers.get_all(name) {
+            fields.push(v.as_bytes());
+        }
+    }
+    fields.push(body);
+    Fingerprint::of_parts(fields)
+}
