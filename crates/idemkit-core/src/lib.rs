@@ -59,6 +59,7 @@ pub mod memory;
 pub mod observe;
 mod policy;
 pub mod record;
+pub mod scan;
 pub mod store;
 
 pub use codec::{BytesCodec, Codec, JsonCodec};

@@ -13,10 +13,11 @@ use tokio::time::Instant;
 use crate::clock::Clock;
 use crate::coordinator::after;
 use crate::record::{FencingToken, OwnerToken, Record, RecordState, StoredResult};
+use crate::scan::{Listed, Scan, ScanCursor, ScanPage};
 use crate::store::{
     BeginRequest, Claim, CompleteRequest, Ownership, RawStore, Replay, Store, StoreError,
 };
-use crate::{Fingerprint, StorageKey};
+use crate::{Fingerprint, Operation, StorageKey};
 
 /// Number of independently locked shards. Each lock is held for a hash-map operation only
 /// (never across an `.await`), so a few dozen shards keep contention negligible on any core
@@ -539,6 +540,80 @@ impl RawStore for MemoryStore {
             Some(Entry::Foreign { .. }) => Ok(true),
             None => Ok(false),
         }
+    }
+}
+
+/// A page is the next `count` keys in key order after the cursor (the last key of the
+/// previous page): every page looks at every entry, which is fine for the embedded store's
+/// sizes and keeps a walk exact while the store changes.
+impl Scan for MemoryStore {
+    async fn scan(
+        &self,
+        operation: Option<&Operation>,
+        cursor: Option<&ScanCursor>,
+        count: usize,
+    ) -> Result<ScanPage, StoreError> {
+        let clock = &self.inner.clock;
+        let now_ms = clock.unix_ms(clock.now());
+        let after = cursor.map(ScanCursor::as_str);
+        let prefix = operation.map(|op| format!("{}:", op.as_str()));
+        let count = count.max(1);
+        let mut found: Vec<Listed> = Vec::new();
+        for shard in &self.inner.shards {
+            let shard = lock(shard);
+            for (name, entry) in shard.map.entries.iter() {
+                let name: &str = name;
+                if after.is_some_and(|a| name <= a)
+                    || prefix.as_deref().is_some_and(|p| !name.starts_with(p))
+                {
+                    continue;
+                }
+                let Some((op, scope, key)) = StorageKey::parse(name) else {
+                    continue;
+                };
+                let key = StorageKey::new(&op, scope.as_ref(), &key);
+                found.push(match entry {
+                    Entry::Record(slot) => {
+                        let record = Record {
+                            state: match &slot.state {
+                                State::Reserved => RecordState::Reserved,
+                                State::Completed(o) => RecordState::Completed(o.clone()),
+                            },
+                            owner: slot.owner,
+                            fencing: slot.fencing,
+                            fingerprint: slot.fingerprint,
+                            created_at_ms: clock.unix_ms(slot.created),
+                            expires_at_ms: clock.unix_ms(slot.expires),
+                        };
+                        let size = record.encode().len() as u64;
+                        Listed::new(key, Some(record), size)
+                    }
+                    Entry::Foreign { bytes, .. } => Listed::new(key, None, bytes.len() as u64),
+                });
+            }
+            // Keep only the `count` smallest keys seen so far: bounded memory per page.
+            if found.len() > count {
+                found.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+                found.truncate(count);
+            }
+        }
+        found.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+        let next = (found.len() == count)
+            .then(|| found.last().map(|l| ScanCursor::new(l.key.as_str())))
+            .flatten();
+        Ok(ScanPage::new(found, next, now_ms))
+    }
+
+    async fn remove(&self, key: &StorageKey, fencing: FencingToken) -> Result<bool, StoreError> {
+        let (mut shard, h, _) = self.shard(key);
+        match shard.map.get(h, key.as_str()) {
+            Some(Entry::Record(slot)) if slot.fencing == fencing => {}
+            _ => return Ok(false),
+        }
+        if let Some(Entry::Record(mut old)) = shard.map.remove(h, key.as_str()) {
+            old.wake_waiters();
+        }
+        Ok(true)
     }
 }
 

@@ -28,6 +28,10 @@ idemkit_test::raw_store_conformance!(
     #[tokio::test(start_paused = true)]
     Memory
 );
+idemkit_test::scan_conformance!(
+    #[tokio::test(start_paused = true)]
+    Memory
+);
 
 /// The coordinator's scenarios on `MemoryStore`: in paused time, and on two worker threads so
 /// that the races are real.

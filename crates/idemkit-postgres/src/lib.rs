@@ -15,6 +15,7 @@ mod errors;
 mod inbox;
 mod migrate;
 mod names;
+mod scan;
 mod sql;
 mod store;
 mod tx;

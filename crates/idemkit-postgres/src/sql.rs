@@ -19,6 +19,10 @@ pub(crate) struct Statements {
     pub(crate) put_raw: String,
     pub(crate) purge: String,
     pub(crate) purge_expired: String,
+    pub(crate) scan: String,
+    pub(crate) remove: String,
+    pub(crate) now: String,
+    pub(crate) table_bytes: String,
     /// The notification channel: `<schema>.<table>`.
     pub(crate) channel: String,
 }
@@ -160,6 +164,27 @@ impl Statements {
                    RETURNING 1 \
                  ) SELECT count(*) FROM d"
             ),
+            // Keyset pagination on the primary key: after the cursor's key, within the
+            // operation's key range (`op:` up to `op;`, the next character in "C" order).
+            // Expired rows not yet purged are listed too. The size is the row's.
+            scan: format!(
+                "SELECT key, version, state, owner, fencing, fingerprint, kind, result, \
+                   floor(extract(epoch FROM created_at) * 1000)::int8, \
+                   floor(extract(epoch FROM expires_at) * 1000)::int8, \
+                   pg_column_size(r.*)::int8, \
+                   floor(extract(epoch FROM clock_timestamp()) * 1000)::int8 \
+                 FROM {t} AS r WHERE key > $1 AND key >= $2 AND ($3::text IS NULL OR key < $3) \
+                 ORDER BY key LIMIT $4"
+            ),
+            remove: format!(
+                "WITH d AS ( \
+                   DELETE FROM {t} WHERE key = $1 AND fencing = $2 AND version = 1 \
+                   RETURNING waiting \
+                 ), n AS (SELECT pg_notify('{channel}', $1) FROM d WHERE d.waiting) \
+                 SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM n)"
+            ),
+            now: "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::int8".to_string(),
+            table_bytes: format!("SELECT pg_total_relation_size('{t}')::int8"),
             channel,
         }
     }

@@ -44,14 +44,14 @@ const MIGRATE: &str = "PgStore::migrate()";
 /// ```
 #[derive(Debug, Clone)]
 pub struct PgStore {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 #[derive(Debug)]
-struct Inner {
-    pool: PgPool,
-    table: Table,
-    sql: Statements,
+pub(crate) struct Inner {
+    pub(crate) pool: PgPool,
+    pub(crate) table: Table,
+    pub(crate) sql: Statements,
     waiters: Arc<Waiters>,
     listener: Listener,
     recheck: Duration,
@@ -352,7 +352,7 @@ impl PgStore {
         self.inner.waiters.len()
     }
 
-    fn err(&self, e: sqlx::Error) -> StoreError {
+    pub(crate) fn err(&self, e: sqlx::Error) -> StoreError {
         map_err(e, &self.inner.table, MIGRATE)
     }
 

@@ -35,6 +35,10 @@ idemkit_test::raw_store_conformance!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     Postgres
 );
+idemkit_test::scan_conformance!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    Postgres
+);
 idemkit_test::coordinator_conformance!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     Postgres

@@ -53,6 +53,7 @@ mod conn;
 mod durable;
 mod errors;
 mod keys;
+mod scan;
 mod scripts;
 mod wake;
 
@@ -60,7 +61,7 @@ pub use builder::{EvictionCheck, RedisStoreBuilder};
 
 use conn::Conn;
 use durable::Durable;
-use errors::{decode, int, is_tombstone, map_err, owner_checked, unexpected};
+use errors::{decode, int, map_err, owner_checked, unexpected};
 use keys::{channel, key_for, ms};
 use scripts::{LeaseArg, OwnerWithFlags, RecordTail, clear_watched};
 use wake::Waiters;
@@ -646,18 +647,8 @@ impl Store for RedisStore {
             .await
             .map_err(map_err)?;
         match bytes {
-            Some(mut b) if !is_tombstone(&b) => {
-                clear_watched(&mut b);
-                let mut record = decode(&b)?;
-                // Redis writes no creation time (see `lua/begin.lua`): it is the fencing
-                // token's, which is Redis' clock in microseconds at the reservation.
-                if record.created_at_ms == 0 {
-                    record.created_at_ms = record.fencing.get() / 1000;
-                }
-                record.expires_at_ms = secs * 1000 + micros / 1000 + pttl.max(0) as u64;
-                Ok(Some(record))
-            }
-            _ => Ok(None),
+            Some(b) => scan::record_at(b, secs * 1000 + micros / 1000, pttl),
+            None => Ok(None),
         }
     }
 }

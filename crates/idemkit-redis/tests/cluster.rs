@@ -128,6 +128,13 @@ async fn the_conformance_suite_passes_on_a_three_master_cluster() {
         assert!(dbsize(n.port) > 0, "node {} holds no keys", n.port);
     }
 
+    // Listing walks every primary, node by node.
+    idemkit_test::scans::a_scan_lists_each_record_of_the_operation_once(&*harness).await;
+    idemkit_test::scans::remove_is_fenced(&*harness).await;
+    let (listed, pages) = idemkit_test::scans::walk(&store, Some(&op), 10).await;
+    assert_eq!(listed.len(), 60, "the 60 keys over three primaries");
+    assert!(pages >= 3, "one walk per primary at least: {pages} page(s)");
+
     idemkit_test::run_all(harness).await;
     drop(cluster);
 }

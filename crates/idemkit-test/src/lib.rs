@@ -40,6 +40,7 @@ use idemkit_core::{Key, Operation, RawStore, StorageKey, Store};
 pub mod coordinator;
 mod effects;
 mod probe;
+pub mod scans;
 pub mod suite;
 
 pub use effects::{Mailer, assert_fails_closed_then_open};
@@ -189,6 +190,30 @@ macro_rules! raw_store_conformance {
         $crate::__with_raw_checks!(__conformance_tests!(
             #[$attr]
             $harness; suite
+        ));
+    };
+}
+
+/// The checks that need [`Scan`](idemkit_core::scan::Scan).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __with_scan_checks {
+    ($then:ident!($($args:tt)*)) => {
+        $crate::$then! { $($args)*;
+            a_scan_lists_each_record_of_the_operation_once,
+            remove_is_fenced
+        }
+    };
+}
+
+/// Generates one `#[test]` per check of listing and fenced removal ([`scans`]), for a store
+/// that implements [`Scan`](idemkit_core::scan::Scan).
+#[macro_export]
+macro_rules! scan_conformance {
+    (#[$attr:meta] $harness:expr) => {
+        $crate::__with_scan_checks!(__conformance_tests!(
+            #[$attr]
+            $harness; scans
         ));
     };
 }

@@ -1,0 +1,116 @@
+//! Listing and fenced removal for operators' tools ([`Scan`]): keyset pagination on the
+//! records table's primary key, one statement per page; removal is one statement.
+
+use idemkit_core::scan::{Listed, Scan, ScanCursor, ScanPage};
+use idemkit_core::{FencingToken, Operation, StorageKey, StoreError};
+use sqlx::Row as _;
+
+use crate::PgStore;
+use crate::errors::Row;
+
+impl PgStore {
+    /// The records table's size on disk with its indexes and TOAST, in bytes
+    /// (`pg_total_relation_size`): what `idemkit stats` reports as the bytes used.
+    ///
+    /// # Errors
+    ///
+    /// The store's errors.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn f(store: idemkit_postgres::PgStore) -> Result<(), idemkit_core::StoreError> {
+    /// println!("{} bytes", store.table_bytes().await?);
+    /// # Ok(()) }
+    /// ```
+    pub async fn table_bytes(&self) -> Result<u64, StoreError> {
+        let bytes: i64 = sqlx::query_scalar(&self.inner.sql.table_bytes)
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(bytes.max(0) as u64)
+    }
+}
+
+/// Pages in key order; the cursor is the last key of the page. Lists only this store's table.
+impl Scan for PgStore {
+    async fn scan(
+        &self,
+        operation: Option<&Operation>,
+        cursor: Option<&ScanCursor>,
+        count: usize,
+    ) -> Result<ScanPage, StoreError> {
+        let count = count.clamp(1, 10_000);
+        // ':' + 1 is ';': the keys of one operation are the range [`op:`, `op;`).
+        let (from, until) = match operation {
+            Some(op) => (
+                format!("{}:", op.as_str()),
+                Some(format!("{};", op.as_str())),
+            ),
+            None => (String::new(), None),
+        };
+        let rows = sqlx::query(&self.inner.sql.scan)
+            .bind(cursor.map_or("", ScanCursor::as_str))
+            .bind(&from)
+            .bind(until.as_deref())
+            .bind(count as i64)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        let get = |e| self.err(e);
+        let mut entries = Vec::with_capacity(rows.len());
+        let mut now_ms = None;
+        let mut last = None;
+        for row in &rows {
+            let text: String = row.try_get(0).map_err(get)?;
+            now_ms = Some(row.try_get::<i64, _>(11).map_err(get)?);
+            let size: i64 = row.try_get(10).map_err(get)?;
+            let parsed = StorageKey::parse(&text);
+            last = Some(text);
+            // A row whose key is not a storage key was not written by idemkit: not listed.
+            let Some((op, scope, key)) = parsed else {
+                continue;
+            };
+            let key = StorageKey::new(&op, scope.as_ref(), &key);
+            let checked = Row {
+                version: row.try_get(1).map_err(get)?,
+                state: row.try_get(2).map_err(get)?,
+                owner: row.try_get(3).map_err(get)?,
+                fencing: row.try_get(4).map_err(get)?,
+                fingerprint: row.try_get(5).map_err(get)?,
+                kind: row.try_get(6).map_err(get)?,
+                result: row.try_get(7).map_err(get)?,
+            }
+            .check(&key);
+            let record = match checked {
+                Ok(c) => {
+                    Some(c.into_record(row.try_get(8).map_err(get)?, row.try_get(9).map_err(get)?))
+                }
+                Err(_) => None,
+            };
+            entries.push(Listed::new(key, record, size.max(0) as u64));
+        }
+        let now_ms = match now_ms {
+            Some(n) => n,
+            None => sqlx::query_scalar(&self.inner.sql.now)
+                .fetch_one(&self.inner.pool)
+                .await
+                .map_err(|e| self.err(e))?,
+        };
+        let next = (rows.len() == count)
+            .then(|| last.map(ScanCursor::new))
+            .flatten();
+        Ok(ScanPage::new(entries, next, now_ms.max(0) as u64))
+    }
+
+    async fn remove(&self, key: &StorageKey, fencing: FencingToken) -> Result<bool, StoreError> {
+        let row = sqlx::query(&self.inner.sql.remove)
+            .bind(key.as_str())
+            .bind(fencing.get() as i64)
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        let deleted: i64 = row.try_get(0).map_err(|e| self.err(e))?;
+        Ok(deleted > 0)
+    }
+}
