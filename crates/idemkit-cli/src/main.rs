@@ -1,11 +1,14 @@
-//! `idemkit`: the seed's demo (operator tools follow).
+//! `idemkit`: the seed's demo, and the operator's tools (`inspect`, `list`, `release`,
+//! `purge`, `stats`, and `serve` for a status page with `/metrics`).
 //!
 //! Run with: `cargo run --release --bin idemkit -- demo`
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+mod listing;
 mod ops;
+mod serve;
 
 use clap::{Parser, Subcommand};
 use idemkit_core::MemoryStore;
@@ -51,6 +54,52 @@ enum Command {
         /// Also remove a completed record (its effect may then run again).
         #[arg(long)]
         force: bool,
+    },
+    /// List records, a bounded page at a time (Redis `SCAN`, node by node on a Cluster;
+    /// keyset pages on PostgreSQL): state, age, time left, fencing token, size, operation,
+    /// scope, key. Exit codes as for `inspect`.
+    List {
+        #[command(flatten)]
+        store: ops::StoreArgs,
+        #[command(flatten)]
+        filter: listing::Filter,
+        /// Show at most this many records.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Print one JSON array instead of lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove the records that match, after a confirmation (or `--yes`), in bounded
+    /// batches with a progress bar and a final count. Each record is removed only if it is
+    /// still the one listed (same fencing token). Exit 6 when not confirmed.
+    Purge {
+        #[command(flatten)]
+        store: ops::StoreArgs,
+        #[command(flatten)]
+        args: listing::PurgeArgs,
+    },
+    /// Records per operation and state, bytes, completed records expiring soon, the oldest
+    /// reservation; on Redis the eviction policy (exit 8 unless `noeviction`), on PostgreSQL
+    /// the table's size.
+    Stats {
+        #[command(flatten)]
+        store: ops::StoreArgs,
+        /// "Expiring soon" means within this: `90s`, `15m`, `2h`.
+        #[arg(long, default_value = "5m", value_parser = listing::parse_duration)]
+        soon: std::time::Duration,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Serve a status page (in-flight reservations oldest first, stats, and with
+    /// `--allow-writes` release and purge behind a confirmation) and `/metrics` for
+    /// Prometheus. Bound to loopback unless `--allow-remote`.
+    Serve {
+        #[command(flatten)]
+        store: ops::StoreArgs,
+        #[command(flatten)]
+        args: serve::ServeArgs,
     },
 }
 
@@ -108,6 +157,19 @@ fn main() -> ExitCode {
         } => runtime
             .block_on(ops::release(&store, &record, force))
             .into(),
+        Command::List {
+            store,
+            filter,
+            limit,
+            json,
+        } => runtime
+            .block_on(listing::list(&store, &filter, limit, json))
+            .into(),
+        Command::Purge { store, args } => runtime.block_on(listing::purge(&store, &args)).into(),
+        Command::Stats { store, soon, json } => {
+            runtime.block_on(listing::stats(&store, soon, json)).into()
+        }
+        Command::Serve { store, args } => runtime.block_on(serve::serve(&store, &args)).into(),
     }
 }
 

@@ -1,24 +1,28 @@
-//! The operator's commands: `inspect` one record, `release` a stuck reservation. Part of
-//! the binary: they print.
+//! The operator's commands on one record: `inspect` it, `release` a stuck reservation; and
+//! [`Target`], the store every operator command talks to. Part of the binary: they print.
 //!
-//! Both take the store's URL (`redis://` with `--prefix`, `postgres://` with `--schema` and
-//! `--table`), print one line per fact (or JSON with `--json`), and exit with a code a script
-//! can rely on ([`Exit`]). Neither ever touches a key outside idemkit's prefix or table: the
-//! record is addressed by its operation, scope and key.
+//! Every command takes the store's URL (`redis://`, `redis+cluster://` or `postgres://`,
+//! with `--prefix`, or `--schema` and `--table`), prints one line per fact (or JSON with
+//! `--json`), and exits with a code a script can rely on ([`Exit`]). None ever touches a key
+//! outside idemkit's prefix or table: a record is addressed by its operation, scope and key,
+//! and listings only walk the prefix or the table.
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
 
+use idemkit_core::scan::{Scan, ScanCursor, ScanPage};
 use idemkit_core::{
-    DynStore, Key, KeyError, Operation, Ownership, RawStore, Record, RecordState, ResultKind,
+    FencingToken, Key, KeyError, Operation, Ownership, RawStore, Record, RecordState, ResultKind,
     Scope, StorageKey, Store, StoreError, StoreErrorKind,
 };
+use idemkit_postgres::PgStore;
+use idemkit_redis::RedisStore;
 
-/// The exit codes of `inspect` and `release`.
+/// The exit codes of the operator's commands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub(crate) enum Exit {
-    /// Done: the record was shown, or the reservation released.
+    /// Done: the record was shown, the reservation released, the listing printed.
     Ok = 0,
     /// Bad arguments: an invalid operation, scope or key, an unknown store URL.
     Usage = 2,
@@ -28,10 +32,12 @@ pub(crate) enum Exit {
     Unavailable = 4,
     /// The bytes under the key are not a record of ours (written by something else).
     Foreign = 5,
-    /// `release` refused: the record is completed (use `--force` to remove it).
+    /// Refused: `release` of a completed record without `--force`, a `purge` not confirmed.
     Refused = 6,
     /// Any other store error.
     Store = 7,
+    /// `stats` found a problem: a Redis server whose eviction policy may evict records.
+    Check = 8,
 }
 
 impl From<Exit> for ExitCode {
@@ -43,7 +49,8 @@ impl From<Exit> for ExitCode {
 /// Where the records are: the store's URL and its naming options.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct StoreArgs {
-    /// The store: a `redis://` or `postgres://` URL.
+    /// The store: a `redis://` URL, `redis+cluster://HOST:PORT[,HOST:PORT...]` for a
+    /// Cluster (any of its nodes), or a `postgres://` URL.
     #[arg(long)]
     pub(crate) store: String,
     /// Redis: the key prefix the services use (`RedisStoreBuilder::prefix`).
@@ -72,7 +79,7 @@ pub(crate) struct RecordArgs {
     pub(crate) json: bool,
 }
 
-fn fail(code: Exit, message: impl std::fmt::Display) -> Exit {
+pub(crate) fn fail(code: Exit, message: impl std::fmt::Display) -> Exit {
     eprintln!("idemkit: {message}");
     code
 }
@@ -84,33 +91,101 @@ fn storage_key(r: &RecordArgs) -> Result<StorageKey, KeyError> {
     Ok(StorageKey::new(&op, scope.as_ref(), &key))
 }
 
-async fn connect(s: &StoreArgs) -> Result<DynStore, Exit> {
-    if s.store.starts_with("redis://") || s.store.starts_with("rediss://") {
-        let store = idemkit_redis::RedisStore::builder()
+/// The store an operator's command talks to.
+#[derive(Clone)]
+pub(crate) enum Target {
+    Redis(RedisStore),
+    Postgres(PgStore),
+}
+
+/// Calls the same method on whichever store `target` is.
+macro_rules! on {
+    ($target:expr, $s:ident => $e:expr) => {
+        match $target {
+            Target::Redis($s) => $e,
+            Target::Postgres($s) => $e,
+        }
+    };
+}
+
+impl Target {
+    pub(crate) async fn get(&self, key: &StorageKey) -> Result<Option<Record>, StoreError> {
+        on!(self, s => s.get(key).await)
+    }
+
+    pub(crate) async fn release(
+        &self,
+        key: &StorageKey,
+        lease: &Ownership,
+    ) -> Result<(), StoreError> {
+        on!(self, s => s.release(key, lease).await)
+    }
+
+    pub(crate) async fn purge(&self, key: &StorageKey) -> Result<bool, StoreError> {
+        on!(self, s => s.purge(key).await)
+    }
+
+    pub(crate) async fn scan(
+        &self,
+        op: Option<&Operation>,
+        cursor: Option<&ScanCursor>,
+        count: usize,
+    ) -> Result<ScanPage, StoreError> {
+        on!(self, s => s.scan(op, cursor, count).await)
+    }
+
+    pub(crate) async fn remove(
+        &self,
+        key: &StorageKey,
+        fencing: FencingToken,
+    ) -> Result<bool, StoreError> {
+        on!(self, s => s.remove(key, fencing).await)
+    }
+}
+
+pub(crate) async fn connect(s: &StoreArgs) -> Result<Target, Exit> {
+    let url = s.store.as_str();
+    if let Some(nodes) = url.strip_prefix("redis+cluster://") {
+        let nodes: Vec<String> = nodes
+            .split(',')
+            .filter(|n| !n.is_empty())
+            .map(|n| format!("redis://{n}"))
+            .collect();
+        if nodes.is_empty() {
+            return Err(fail(Exit::Usage, "redis+cluster:// names no node"));
+        }
+        let store = RedisStore::builder()
             .prefix(s.prefix.as_str())
-            .connect(&s.store)
+            .connect_cluster(nodes)
             .await
             .map_err(|e| store_failed(&e))?;
-        Ok(DynStore::with_raw(store))
-    } else if s.store.starts_with("postgres://") || s.store.starts_with("postgresql://") {
-        let builder = idemkit_postgres::PgStore::builder()
+        Ok(Target::Redis(store))
+    } else if url.starts_with("redis://") || url.starts_with("rediss://") {
+        let store = RedisStore::builder()
+            .prefix(s.prefix.as_str())
+            .connect(url)
+            .await
+            .map_err(|e| store_failed(&e))?;
+        Ok(Target::Redis(store))
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let builder = PgStore::builder()
             .schema(&s.schema)
             .and_then(|b| b.table(&s.table))
             .map_err(|e| fail(Exit::Usage, e))?;
         let store = builder
-            .connect(&s.store, 2)
+            .connect(url, 4)
             .await
             .map_err(|e| store_failed(&e))?;
-        Ok(DynStore::with_raw(store))
+        Ok(Target::Postgres(store))
     } else {
         Err(fail(
             Exit::Usage,
-            format!("unknown store {:?}: a redis:// or postgres:// URL", s.store),
+            format!("unknown store {url:?}: a redis://, redis+cluster:// or postgres:// URL"),
         ))
     }
 }
 
-fn store_failed(e: &StoreError) -> Exit {
+pub(crate) fn store_failed(e: &StoreError) -> Exit {
     let code = match e.kind() {
         StoreErrorKind::Unavailable => Exit::Unavailable,
         StoreErrorKind::Corrupt => Exit::Foreign,
@@ -120,7 +195,7 @@ fn store_failed(e: &StoreError) -> Exit {
 }
 
 /// Reads the record, or the exit code that explains why there is none.
-async fn read(store: &DynStore, key: &StorageKey) -> Result<Record, Exit> {
+async fn read(store: &Target, key: &StorageKey) -> Result<Record, Exit> {
     match store.get(key).await {
         Ok(Some(r)) => Ok(r),
         Ok(None) => Err(fail(Exit::NotFound, format!("no live record under {key}"))),
@@ -128,19 +203,30 @@ async fn read(store: &DynStore, key: &StorageKey) -> Result<Record, Exit> {
     }
 }
 
+/// A record's state as operators read it: `reserved`, `completed`, `permanent error`,
+/// `result unavailable`, or `expired` (past its lease or retention, not yet swept: the next
+/// call reserves the key afresh).
+pub(crate) fn state_of(r: &Record, now_ms: u64) -> &'static str {
+    if r.expires_at_ms <= now_ms {
+        return "expired";
+    }
+    match &r.state {
+        RecordState::Reserved => "reserved",
+        RecordState::Completed(res) => match res.kind() {
+            ResultKind::Value => "completed",
+            ResultKind::PermanentError => "permanent error",
+            ResultKind::Unavailable => "result unavailable",
+            _ => "completed (unknown kind)",
+        },
+        _ => "unknown state",
+    }
+}
+
 fn describe(key: &StorageKey, r: &Record, now_ms: u64, json: bool) -> String {
-    let (state, kind, bytes) = match &r.state {
-        RecordState::Reserved => ("reserved", None, None),
-        RecordState::Completed(res) => {
-            let state = match res.kind() {
-                ResultKind::Value => "completed",
-                ResultKind::PermanentError => "permanent error",
-                ResultKind::Unavailable => "result unavailable",
-                _ => "completed (unknown kind)",
-            };
-            (state, Some(res.kind()), Some(res.bytes().clone()))
-        }
-        _ => ("unknown state", None, None),
+    let state = state_of(r, now_ms);
+    let (kind, bytes) = match &r.state {
+        RecordState::Completed(res) => (Some(res.kind()), Some(res.bytes().clone())),
+        _ => (None, None),
     };
     let age_ms = now_ms.saturating_sub(r.created_at_ms);
     let left_ms = r.expires_at_ms.saturating_sub(now_ms);
@@ -185,7 +271,7 @@ fn describe(key: &StorageKey, r: &Record, now_ms: u64, json: bool) -> String {
     }
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     #[allow(clippy::disallowed_methods)] // shown to an operator, not a deadline
     let now = std::time::SystemTime::now();
     now.duration_since(std::time::UNIX_EPOCH)

@@ -4,87 +4,13 @@
 
 mod support;
 
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use idemkit_core::{BeginRequest, Claim, Key, Operation, OwnerToken, StorageKey, Store};
 use idemkit_redis::RedisStore;
 use idemkit_test::Harness;
-use support::RedisProcess;
-
-struct Cluster {
-    nodes: Vec<RedisProcess>,
-}
-
-impl Cluster {
-    fn start() -> Self {
-        let nodes: Vec<_> = (0..3)
-            .map(|_| {
-                RedisProcess::start(&[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    "5000",
-                ])
-            })
-            .collect();
-        let addrs: Vec<String> = nodes
-            .iter()
-            .map(|n| format!("127.0.0.1:{}", n.port))
-            .collect();
-        let out = Command::new("redis-cli")
-            .args(["--cluster", "create"])
-            .args(&addrs)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
-            .output()
-            .expect("redis-cli");
-        assert!(
-            out.status.success(),
-            "cluster create: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
-        for n in &nodes {
-            wait_for(
-                || cluster_info(n.port).contains("cluster_state:ok"),
-                "cluster_state:ok",
-            );
-        }
-        Cluster { nodes }
-    }
-
-    fn urls(&self) -> Vec<String> {
-        self.nodes.iter().map(RedisProcess::url).collect()
-    }
-}
-
-fn cluster_info(port: u16) -> String {
-    let out = Command::new("redis-cli")
-        .args(["-p", &port.to_string(), "cluster", "info"])
-        .output();
-    out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default()
-}
-
-fn dbsize(port: u16) -> u64 {
-    let out = Command::new("redis-cli")
-        .args(["-p", &port.to_string(), "dbsize"])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
-}
-
-fn wait_for(mut ok: impl FnMut() -> bool, what: &str) {
-    for _ in 0..400 {
-        if ok() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    panic!("timed out waiting for {what}");
-}
+use idemkit_test::redis_server::{Cluster, dbsize};
 
 struct OnCluster {
     urls: Vec<String>,

@@ -40,6 +40,7 @@ use idemkit_core::{Key, Operation, RawStore, StorageKey, Store};
 pub mod coordinator;
 mod effects;
 mod probe;
+pub mod redis_server;
 pub mod scans;
 pub mod suite;
 

@@ -1,0 +1,440 @@
+//! `idemkit list`, `purge` and `stats` against real Redis (one server and a Cluster) and
+//! PostgreSQL, run as a user runs them (the built binary), with their exit codes; and a
+//! stuck reservation left by a worker process that was really killed, which `list` shows and
+//! `release` frees so that the next delivery runs.
+
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use bytes::Bytes;
+use idemkit_core::{
+    BeginRequest, Claim, CompleteRequest, Key, Operation, OwnerToken, RawStore, ResultKind,
+    StorageKey, Store,
+};
+use serde_json::Value;
+
+fn idemkit_with_input(args: &[String], input: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_idemkit"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().expect("exited")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Runs `idemkit CMD <store args> EXTRA...` with no input.
+struct Cli {
+    store: Vec<String>,
+}
+
+impl Cli {
+    fn args(&self, cmd: &str, extra: &[&str]) -> Vec<String> {
+        let mut v = vec![cmd.to_string()];
+        v.extend(self.store.iter().cloned());
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    }
+
+    fn run(&self, cmd: &str, extra: &[&str]) -> Output {
+        idemkit_with_input(&self.args(cmd, extra), "")
+    }
+
+    fn json(&self, cmd: &str, extra: &[&str]) -> Value {
+        let mut extra = extra.to_vec();
+        extra.push("--json");
+        let out = self.run(cmd, &extra);
+        assert_eq!(code(&out), 0, "{cmd} {extra:?}: {}", stderr(&out));
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{cmd}: {e}: {}", String::from_utf8_lossy(&out.stdout)))
+    }
+
+    /// `list --json` of one operation: the states, in the store's order.
+    fn states(&self, op: &str, extra: &[&str]) -> Vec<String> {
+        let mut args = vec!["--operation", op];
+        args.extend_from_slice(extra);
+        let v = self.json("list", &args);
+        let mut states: Vec<String> = v
+            .as_array()
+            .expect("an array")
+            .iter()
+            .map(|r| r["state"].as_str().unwrap().to_string())
+            .collect();
+        states.sort();
+        states
+    }
+}
+
+fn count(states: &[String], state: &str) -> usize {
+    states.iter().filter(|s| *s == state).count()
+}
+
+async fn reserve<S: Store>(store: &S, key: &StorageKey) -> idemkit_core::Ownership {
+    match store
+        .begin(&BeginRequest::new(
+            key,
+            OwnerToken::random(),
+            Duration::from_secs(3600),
+        ))
+        .await
+        .unwrap()
+    {
+        Claim::Reserved { ownership, .. } => ownership,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Every command on one store: 3 reservations, 4 completed records and 1 foreign entry of
+/// one operation, and 2 completed records of another.
+async fn commands<S: Store + RawStore>(store: S, cli: Cli) {
+    let op_name = format!("ops-{:x}", fastrand::u64(..));
+    let other_name = format!("other-{:x}", fastrand::u64(..));
+    let op = Operation::new(op_name.as_str()).unwrap();
+    let other = Operation::new(other_name.as_str()).unwrap();
+    let key = |op: &Operation, k: String| StorageKey::new(op, None, &Key::new(k).unwrap());
+    let done = CompleteRequest::new(
+        ResultKind::Value,
+        Bytes::from_static(b"\"em_1\""),
+        Duration::from_secs(3600),
+    );
+    for i in 0..3 {
+        reserve(&store, &key(&op, format!("r{i}"))).await;
+    }
+    for (o, n) in [(&op, 4), (&other, 2)] {
+        for i in 0..n {
+            let k = key(o, format!("c{i}"));
+            let lease = reserve(&store, &k).await;
+            store.complete(&k, &lease, &done).await.unwrap();
+        }
+    }
+    store
+        .put_raw(
+            &key(&op, "foreign".into()),
+            Bytes::from_static(b"not a record"),
+            Duration::from_secs(3600),
+        )
+        .await
+        .unwrap();
+
+    // list: every record of the operation, then by state, age and limit.
+    let states = cli.states(&op_name, &[]);
+    assert_eq!(states.len(), 8, "{states:?}");
+    assert_eq!(count(&states, "reserved"), 3);
+    assert_eq!(count(&states, "completed"), 4);
+    assert_eq!(count(&states, "unreadable"), 1);
+    assert_eq!(cli.states(&op_name, &["--state", "reserved"]).len(), 3);
+    assert_eq!(cli.states(&op_name, &["--limit", "2"]).len(), 2);
+    assert_eq!(cli.states(&op_name, &["--older-than", "1h"]).len(), 0);
+    assert_eq!(cli.states(&op_name, &["--older-than", "0s"]).len(), 7);
+    let text = cli.run("list", &["--operation", &op_name, "--state", "completed"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with("completed")).count(),
+        4,
+        "{text}"
+    );
+    assert!(text.contains(&format!("{op_name}  -  c0")), "{text}");
+
+    // stats: per operation and state.
+    let stats = cli.json("stats", &[]);
+    let s = &stats["operations"][&op_name];
+    assert_eq!(
+        (
+            s["reserved"].as_u64(),
+            s["completed"].as_u64(),
+            s["unreadable"].as_u64()
+        ),
+        (Some(3), Some(4), Some(1)),
+        "{stats}"
+    );
+    assert!(s["bytes"].as_u64().unwrap() > 0);
+    assert_eq!(stats["operations"][&other_name]["completed"], 2);
+
+    // purge: dry run, refused, confirmed; only what matches, only the operation's.
+    let dry = cli.json(
+        "purge",
+        &["--operation", &op_name, "--state", "completed", "--dry-run"],
+    );
+    assert_eq!(
+        (dry["matched"].as_u64(), dry["purged"].as_u64()),
+        (Some(4), Some(0))
+    );
+    assert_eq!(count(&cli.states(&op_name, &[]), "completed"), 4);
+    let purge = cli.args("purge", &["--operation", &op_name, "--state", "completed"]);
+    let refused = idemkit_with_input(&purge, "n\n");
+    assert_eq!(code(&refused), 6, "{}", stderr(&refused));
+    assert_eq!(count(&cli.states(&op_name, &[]), "completed"), 4);
+    let confirmed = idemkit_with_input(&purge, "y\n");
+    assert_eq!(code(&confirmed), 0, "{}", stderr(&confirmed));
+    assert!(
+        String::from_utf8_lossy(&confirmed.stdout).contains("purged 4 records"),
+        "{}",
+        String::from_utf8_lossy(&confirmed.stdout)
+    );
+    let states = cli.states(&op_name, &[]);
+    assert_eq!(
+        (count(&states, "completed"), count(&states, "reserved")),
+        (0, 3)
+    );
+    assert_eq!(
+        cli.states(&other_name, &[]).len(),
+        2,
+        "another operation untouched"
+    );
+    let all = cli.json("purge", &["--operation", &op_name, "--yes", "--batch", "2"]);
+    assert_eq!(all["purged"], 3, "{all}");
+    assert_eq!(
+        cli.states(&op_name, &[]),
+        vec!["unreadable".to_string()],
+        "foreign bytes are never purged"
+    );
+
+    // Bad input: one line, a distinct exit code, nothing done.
+    for (args, want) in [
+        (cli.args("list", &["--operation", "bad op!"]), 2),
+        (cli.args("list", &["--older-than", "5 parsecs"]), 2),
+        (cli.args("purge", &["--state", "unreadable", "--yes"]), 2),
+    ] {
+        let out = idemkit_with_input(&args, "");
+        assert_eq!(code(&out), want, "{args:?}: {}", stderr(&out));
+    }
+    assert_eq!(cli.states(&other_name, &[]).len(), 2);
+    store.purge(&key(&op, "foreign".into())).await.unwrap();
+    cli.json("purge", &["--operation", &other_name, "--yes"]);
+}
+
+fn redis_url() -> String {
+    std::env::var("IDEMKIT_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+fn postgres_url() -> String {
+    std::env::var("IDEMKIT_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+const SCHEMA: &str = "idemkit_cli_operate";
+
+async fn postgres() -> Option<idemkit_postgres::PgStore> {
+    let store = idemkit_postgres::PgStore::builder()
+        .schema(SCHEMA)
+        .unwrap()
+        .connect(&postgres_url(), 4)
+        .await;
+    if !idemkit_test::require_service("postgres", store.is_ok()) {
+        return None;
+    }
+    let store = store.unwrap();
+    store.migrate().await.unwrap();
+    Some(store)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_purge_and_stats_on_redis() {
+    let prefix = format!("idemkit-cli-ops-{:x}", fastrand::u64(..));
+    let store = idemkit_redis::RedisStore::builder()
+        .prefix(prefix.as_str())
+        .connect(&redis_url())
+        .await;
+    if !idemkit_test::require_service("redis", store.is_ok()) {
+        return;
+    }
+    let cli = Cli {
+        store: vec!["--store".into(), redis_url(), "--prefix".into(), prefix],
+    };
+    commands(store.unwrap(), cli).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_purge_and_stats_on_postgres() {
+    let Some(store) = postgres().await else {
+        return;
+    };
+    let cli = Cli {
+        store: vec![
+            "--store".into(),
+            postgres_url(),
+            "--schema".into(),
+            SCHEMA.into(),
+        ],
+    };
+    commands(store, cli).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_command_on_a_redis_cluster() {
+    let cluster = idemkit_test::redis_server::Cluster::start();
+    let prefix = format!("idemkit-cli-ops-{:x}", fastrand::u64(..));
+    let store = idemkit_redis::RedisStore::builder()
+        .prefix(prefix.as_str())
+        .connect_cluster(cluster.urls())
+        .await
+        .unwrap();
+    // Any node names the Cluster; the others are found from it.
+    let url = format!("redis+cluster://127.0.0.1:{}", cluster.nodes[0].port);
+    let cli = Cli {
+        store: vec!["--store".into(), url, "--prefix".into(), prefix.clone()],
+    };
+    // The keys spread over the three primaries, and `list` finds them all.
+    let op = Operation::new("spread").unwrap();
+    for i in 0..30 {
+        reserve(
+            &store,
+            &StorageKey::new(&op, None, &Key::new(format!("k{i}")).unwrap()),
+        )
+        .await;
+    }
+    for n in &cluster.nodes {
+        assert!(idemkit_test::redis_server::dbsize(n.port) > 0);
+    }
+    assert_eq!(cli.states("spread", &["--limit", "100"]).len(), 30);
+    // inspect and release address one record on its node.
+    let shown = cli.json("inspect", &["spread", "k7"]);
+    assert_eq!(shown["state"], "reserved");
+    let released = cli.run("release", &["spread", "k7"]);
+    assert_eq!(code(&released), 0, "{}", stderr(&released));
+    assert_eq!(code(&cli.run("inspect", &["spread", "k7"])), 3);
+    cli.json("purge", &["--operation", "spread", "--yes"]);
+    assert_eq!(cli.states("spread", &[]).len(), 0);
+
+    commands(store, cli).await;
+    drop(cluster);
+}
+
+#[test]
+fn a_store_that_is_down_is_exit_4() {
+    for store in [
+        "redis://127.0.0.1:1",
+        "redis+cluster://127.0.0.1:1",
+        "postgres://postgres@127.0.0.1:1/test",
+    ] {
+        for cmd in [
+            vec!["list"],
+            vec!["stats"],
+            vec!["purge", "--yes"],
+            vec!["release", "op", "k"],
+        ] {
+            let mut args: Vec<String> = cmd.iter().map(|s| s.to_string()).collect();
+            args.extend(["--store".to_string(), store.to_string()]);
+            let out = idemkit_with_input(&args, "");
+            assert_eq!(code(&out), 4, "{args:?}: {}", stderr(&out));
+            let err = stderr(&out);
+            assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+            assert!(!err.contains("panicked"), "{err}");
+        }
+    }
+}
+
+/// The worker example: one delivery of `key`, working for `work`.
+fn worker(store: &[&str], key: &str, work: &str) -> std::process::Child {
+    Command::new(idemkit_test::example_binary("invoice_worker"))
+        .args(store)
+        .args(["--key", key, "--work", work])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the invoice_worker example is built by `cargo test`")
+}
+
+/// A worker really killed mid-action leaves its reservation; the next delivery is refused
+/// (requeued) until `release`, then runs at once with a higher fencing token.
+fn stuck_reservation(store: &[&str]) {
+    let key = format!("order-{:x}", fastrand::u64(..));
+    let cli = Cli {
+        store: store.iter().map(|s| s.to_string()).collect(),
+    };
+    let mut first = worker(store, &key, "1h");
+    let mut line = String::new();
+    BufReader::new(first.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let stuck: u64 = line
+        .strip_prefix("reserved ")
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("the worker said {line:?}"));
+    first.kill().unwrap(); // SIGKILL: no release, no completion, no renewal.
+    first.wait().unwrap();
+
+    // The stuck reservation is listed, with the dead owner's fencing token.
+    let listed = cli.json(
+        "list",
+        &["--operation", "mail.invoice", "--state", "reserved"],
+    );
+    let row = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["key"] == key.as_str())
+        .unwrap_or_else(|| panic!("{key} not listed: {listed}"));
+    assert_eq!(row["fencing"], stuck);
+
+    // The next delivery is refused while it is stuck...
+    let blocked = worker(store, &key, "0s").wait_with_output().unwrap();
+    assert_eq!(
+        code(&blocked),
+        3,
+        "{}",
+        String::from_utf8_lossy(&blocked.stdout)
+    );
+
+    // ... and runs once the operator releases it.
+    let released = cli.run("release", &["mail.invoice", &key]);
+    assert_eq!(code(&released), 0, "{}", stderr(&released));
+    let next = worker(store, &key, "0s").wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&next.stdout);
+    assert_eq!(code(&next), 0, "{said}");
+    let fencing: u64 = said
+        .lines()
+        .find_map(|l| l.strip_prefix("reserved "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{said}"));
+    assert!(fencing > stuck, "the fencing token still increases");
+    assert!(said.contains(&format!("mailed em_{fencing}")), "{said}");
+    let shown = cli.json("inspect", &["mail.invoice", &key]);
+    assert_eq!(shown["state"], "completed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_workers_reservation_is_listed_and_released_on_redis() {
+    let prefix = format!("idemkit-cli-stuck-{:x}", fastrand::u64(..));
+    let up = idemkit_redis::RedisStore::connect(&redis_url())
+        .await
+        .is_ok();
+    if !idemkit_test::require_service("redis", up) {
+        return;
+    }
+    let url = redis_url();
+    tokio::task::spawn_blocking(move || {
+        stuck_reservation(&["--store", &url, "--prefix", &prefix]);
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_workers_reservation_is_listed_and_released_on_postgres() {
+    if postgres().await.is_none() {
+        return;
+    }
+    let url = postgres_url();
+    tokio::task::spawn_blocking(move || {
+        stuck_reservation(&["--store", &url, "--schema", SCHEMA]);
+    })
+    .await
+    .unwrap();
+}
