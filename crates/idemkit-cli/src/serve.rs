@@ -83,8 +83,18 @@ pub(crate) async fn serve(store: &StoreArgs, args: &ServeArgs) -> Exit {
     };
     let addr = listener.local_addr().map_or(args.listen, |a| a);
     let app = Arc::new(App {
+        store: match &target {
+            Target::Redis(_) => {
+                format!("{} prefix {}", without_password(&store.store), store.prefix)
+            }
+            Target::Postgres(_) => format!(
+                "{} table {}.{}",
+                without_password(&store.store),
+                store.schema,
+                store.table
+            ),
+        },
         target,
-        store: without_password(&store.store),
         writes: args.allow_writes,
         token: format!("{:032x}", OwnerToken::random().as_u128()),
         soon: args.soon,

@@ -5,8 +5,9 @@
 //! and returns a cursor for the next page, so walking a large production store never blocks
 //! it (Redis `SCAN`, node by node on a Cluster, never `KEYS`; keyset pagination on
 //! PostgreSQL). A record written or removed during a walk may or may not be seen; a record
-//! that lives through the whole walk is seen exactly once (at most once on Redis, whose
-//! `SCAN` may repeat a key: tools count by key).
+//! that lives through the whole walk is seen: exactly once on MemoryStore and PostgreSQL, at
+//! least once on Redis, whose `SCAN` may return a key twice (a purge then counts the second
+//! removal as "changed meanwhile").
 //!
 //! Removal is fenced: [`Scan::remove`] deletes a record only if its fencing token is still
 //! the one the scan saw, so a purge never deletes a reservation taken after the listing
