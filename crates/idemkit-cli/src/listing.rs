@@ -235,14 +235,16 @@ fn row_text(e: &Listed, now_ms: u64) -> String {
 const HEADER: &str =
     "STATE                    AGE      LEFT            FENCING    SIZE  OPERATION  SCOPE  KEY";
 
+/// The filter checked, then the store connected: bad arguments fail before any connection.
+async fn open(store: &StoreArgs, filter: &Filter) -> Result<(Checked, Target), Exit> {
+    let filter = filter.check()?;
+    Ok((filter, connect(store).await?))
+}
+
 /// `idemkit list`: at most `limit` matching records, in the store's order.
 pub(crate) async fn list(store: &StoreArgs, filter: &Filter, limit: usize, json: bool) -> Exit {
-    let filter = match filter.check() {
-        Ok(f) => f,
-        Err(code) => return code,
-    };
-    let target = match connect(store).await {
-        Ok(t) => t,
+    let (filter, target) = match open(store, filter).await {
+        Ok(opened) => opened,
         Err(code) => return code,
     };
     let mut rows = Vec::new();
@@ -381,12 +383,8 @@ pub(crate) async fn purge(store: &StoreArgs, args: &PurgeArgs) -> Exit {
             "unreadable entries are never purged: inspect them, then remove them with the store's own tools",
         );
     }
-    let filter = match filter.check() {
-        Ok(f) => f,
-        Err(code) => return code,
-    };
-    let target = match connect(store).await {
-        Ok(t) => t,
+    let (filter, target) = match open(store, &filter).await {
+        Ok(opened) => opened,
         Err(code) => return code,
     };
     let matched = match count_matching(&target, &filter).await {
@@ -488,6 +486,27 @@ pub(crate) struct OpStats {
     pub(crate) expiring_soon: u64,
     /// The age of the oldest live reservation, in ms.
     pub(crate) oldest_reservation_ms: u64,
+}
+
+impl OpStats {
+    /// The columns of `stats` and the status page: reserved, completed, errors (permanent
+    /// or result unavailable), expired, unreadable, bytes, expiring soon, oldest reservation.
+    pub(crate) fn cells(&self) -> [String; 8] {
+        [
+            self.reserved.to_string(),
+            self.completed.to_string(),
+            (self.permanent_errors + self.results_unavailable).to_string(),
+            self.expired.to_string(),
+            self.unreadable.to_string(),
+            self.bytes.to_string(),
+            self.expiring_soon.to_string(),
+            if self.reserved > 0 {
+                human(self.oldest_reservation_ms)
+            } else {
+                "-".to_string()
+            },
+        ]
+    }
 }
 
 /// Every operation's numbers, from one walk of the store.
@@ -594,21 +613,10 @@ pub(crate) async fn stats(store: &StoreArgs, soon: Duration, json: bool) -> Exit
             "OLDEST RESERVED"
         );
         for (op, s) in &by_op {
+            let c = s.cells();
             println!(
                 "{:<24} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>12} {:>15}",
-                op,
-                s.reserved,
-                s.completed,
-                s.permanent_errors + s.results_unavailable,
-                s.expired,
-                s.unreadable,
-                s.bytes,
-                s.expiring_soon,
-                if s.reserved > 0 {
-                    human(s.oldest_reservation_ms)
-                } else {
-                    "-".to_string()
-                }
+                op, c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]
             );
         }
         println!(

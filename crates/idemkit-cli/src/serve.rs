@@ -290,22 +290,19 @@ fn stats_table(b: &mut String, app: &App, stats: &BTreeMap<String, OpStats>) {
         if app.writes { "<th></th>" } else { "" }
     );
     for (op, s) in stats {
+        let c = s.cells();
         let _ = write!(
             b,
             "<tr data-operation=\"{0}\"><td>{0}</td><td class=\"n\">{1}</td><td class=\"n\">{2}</td><td class=\"n\">{3}</td><td class=\"n\">{4}</td><td class=\"n\">{5}</td><td class=\"n\">{6}</td><td class=\"n\">{7}</td><td class=\"n\">{8}</td>",
             esc(op),
-            s.reserved,
-            s.completed,
-            s.permanent_errors + s.results_unavailable,
-            s.expired,
-            s.unreadable,
-            s.bytes,
-            s.expiring_soon,
-            if s.reserved > 0 {
-                human(s.oldest_reservation_ms)
-            } else {
-                "-".to_string()
-            }
+            c[0],
+            c[1],
+            c[2],
+            c[3],
+            c[4],
+            c[5],
+            c[6],
+            c[7]
         );
         if app.writes {
             let _ = write!(

@@ -8,10 +8,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use bytes::Bytes;
-use idemkit_core::{
-    BeginRequest, Claim, CompleteRequest, Key, Operation, OwnerToken, RawStore, ResultKind,
-    StorageKey, Store,
-};
+use idemkit_core::{CompleteRequest, Key, Operation, RawStore, ResultKind, StorageKey, Store};
 use serde_json::Value;
 
 fn idemkit_with_input(args: &[String], input: &str) -> Output {
@@ -86,18 +83,7 @@ fn count(states: &[String], state: &str) -> usize {
 }
 
 async fn reserve<S: Store>(store: &S, key: &StorageKey) -> idemkit_core::Ownership {
-    match store
-        .begin(&BeginRequest::new(
-            key,
-            OwnerToken::random(),
-            Duration::from_secs(3600),
-        ))
-        .await
-        .unwrap()
-    {
-        Claim::Reserved { ownership, .. } => ownership,
-        other => panic!("{other:?}"),
-    }
+    idemkit_test::reserve(store, key, Duration::from_secs(3600)).await
 }
 
 /// Every command on one store: 3 reservations, 4 completed records and 1 foreign entry of

@@ -9,9 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use bytes::Bytes;
-use idemkit_core::{
-    BeginRequest, Claim, CompleteRequest, Key, Operation, OwnerToken, ResultKind, StorageKey, Store,
-};
+use idemkit_core::{CompleteRequest, Key, Operation, ResultKind, StorageKey, Store};
 use idemkit_redis::RedisStore;
 
 const CHROMIUM: &str = "/usr/bin/chromium";
@@ -113,19 +111,12 @@ fn rows(dom: &str, id: &str) -> Vec<String> {
         .collect()
 }
 
-async fn reserve(store: &RedisStore, key: &StorageKey) -> idemkit_core::Ownership {
-    match store
-        .begin(&BeginRequest::new(
-            key,
-            OwnerToken::random(),
-            Duration::from_secs(3600),
-        ))
-        .await
-        .unwrap()
-    {
-        Claim::Reserved { ownership, .. } => ownership,
-        other => panic!("{other:?}"),
-    }
+async fn text(http: &reqwest::Client, url: String) -> String {
+    http.get(url).send().await.unwrap().text().await.unwrap()
+}
+
+async fn reserve<S: Store>(store: &S, key: &StorageKey) -> idemkit_core::Ownership {
+    idemkit_test::reserve(store, key, Duration::from_secs(3600)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -262,14 +253,7 @@ async fn the_status_page_in_a_headless_browser() {
     .await
     .unwrap();
     assert_eq!(post(read_only.base.clone(), form("x"), None).await, 403);
-    let metrics = http
-        .get(format!("{}/metrics", read_only.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = text(&http, format!("{}/metrics", read_only.base)).await;
     assert!(metrics.contains("idemkit_store_up 1"), "{metrics}");
     assert!(
         metrics.contains("idemkit_store_records{operation=\"mail.invoice\",state=\"reserved\"} 2"),
@@ -296,20 +280,17 @@ async fn the_status_page_in_a_headless_browser() {
         "{page}"
     );
     // The confirmation page carries the token a release needs.
-    let confirm = http
-        .get(format!(
+    let confirm = text(
+        &http,
+        format!(
             "{}/confirm/release?key={}&owner={}&fencing={}",
             writable.base,
             sk(&invoice, "order-7.invoice").as_str().replace(':', "%3A"),
             older.owner,
             older.fencing.get()
-        ))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+        ),
+    )
+    .await;
     let token = confirm
         .split("name=\"token\" value=\"")
         .nth(1)

@@ -124,6 +124,21 @@ impl Entry {
 }
 
 impl Slot {
+    /// The record as a store reports it, its instants as Unix milliseconds.
+    fn record(&self, clock: &Clock) -> Record {
+        Record {
+            state: match &self.state {
+                State::Reserved => RecordState::Reserved,
+                State::Completed(o) => RecordState::Completed(o.clone()),
+            },
+            owner: self.owner,
+            fencing: self.fencing,
+            fingerprint: self.fingerprint,
+            created_at_ms: clock.unix_ms(self.created),
+            expires_at_ms: clock.unix_ms(self.expires),
+        }
+    }
+
     fn owned_by(&self, lease: &Ownership) -> bool {
         self.owner == lease.owner && self.fencing == lease.fencing
     }
@@ -473,17 +488,7 @@ impl Store for MemoryStore {
         let (shard, h, now) = self.shard(key);
         let clock = &self.inner.clock;
         match shard.map.get(h, key.as_str()) {
-            Some(Entry::Record(slot)) if slot.expires > now => Ok(Some(Record {
-                state: match &slot.state {
-                    State::Reserved => RecordState::Reserved,
-                    State::Completed(o) => RecordState::Completed(o.clone()),
-                },
-                owner: slot.owner,
-                fencing: slot.fencing,
-                fingerprint: slot.fingerprint,
-                created_at_ms: clock.unix_ms(slot.created),
-                expires_at_ms: clock.unix_ms(slot.expires),
-            })),
+            Some(Entry::Record(slot)) if slot.expires > now => Ok(Some(slot.record(clock))),
             Some(Entry::Foreign { bytes, expires }) if *expires > now => Err(corrupt(bytes)),
             _ => Ok(None),
         }
@@ -574,17 +579,7 @@ impl Scan for MemoryStore {
                 let key = StorageKey::new(&op, scope.as_ref(), &key);
                 found.push(match entry {
                     Entry::Record(slot) => {
-                        let record = Record {
-                            state: match &slot.state {
-                                State::Reserved => RecordState::Reserved,
-                                State::Completed(o) => RecordState::Completed(o.clone()),
-                            },
-                            owner: slot.owner,
-                            fencing: slot.fencing,
-                            fingerprint: slot.fingerprint,
-                            created_at_ms: clock.unix_ms(slot.created),
-                            expires_at_ms: clock.unix_ms(slot.expires),
-                        };
+                        let record = slot.record(clock);
                         let size = record.encode().len() as u64;
                         Listed::new(key, Some(record), size)
                     }

@@ -56,6 +56,29 @@ pub(crate) fn map_err(e: sqlx::Error, table: &Table, migrate: &str) -> StoreErro
     }
 }
 
+/// A record's columns as `get` and `scan` select them, from column `first` on: `version,
+/// state, owner, fencing, fingerprint, kind, result`, then the creation and expiry times in
+/// Unix ms: the row checked against `key`, and the two times.
+pub(crate) fn read_record(
+    row: &sqlx::postgres::PgRow,
+    first: usize,
+    key: &StorageKey,
+) -> Result<Result<Record, StoreError>, sqlx::Error> {
+    use sqlx::Row as _;
+    let checked = Row {
+        version: row.try_get(first)?,
+        state: row.try_get(first + 1)?,
+        owner: row.try_get(first + 2)?,
+        fencing: row.try_get(first + 3)?,
+        fingerprint: row.try_get(first + 4)?,
+        kind: row.try_get(first + 5)?,
+        result: row.try_get(first + 6)?,
+    }
+    .check(key);
+    let (created, expires) = (row.try_get(first + 7)?, row.try_get(first + 8)?);
+    Ok(checked.map(|c| c.into_record(created, expires)))
+}
+
 /// The columns of one row, as read.
 pub(crate) struct Row {
     pub(crate) version: i16,

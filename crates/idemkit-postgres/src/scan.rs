@@ -6,7 +6,7 @@ use idemkit_core::{FencingToken, Operation, StorageKey, StoreError};
 use sqlx::Row as _;
 
 use crate::PgStore;
-use crate::errors::Row;
+use crate::errors::read_record;
 
 impl PgStore {
     /// The records table's size on disk with its indexes and TOAST, in bytes
@@ -72,22 +72,7 @@ impl Scan for PgStore {
                 continue;
             };
             let key = StorageKey::new(&op, scope.as_ref(), &key);
-            let checked = Row {
-                version: row.try_get(1).map_err(get)?,
-                state: row.try_get(2).map_err(get)?,
-                owner: row.try_get(3).map_err(get)?,
-                fencing: row.try_get(4).map_err(get)?,
-                fingerprint: row.try_get(5).map_err(get)?,
-                kind: row.try_get(6).map_err(get)?,
-                result: row.try_get(7).map_err(get)?,
-            }
-            .check(&key);
-            let record = match checked {
-                Ok(c) => {
-                    Some(c.into_record(row.try_get(8).map_err(get)?, row.try_get(9).map_err(get)?))
-                }
-                Err(_) => None,
-            };
+            let record = read_record(row, 1, &key).map_err(get)?.ok();
             entries.push(Listed::new(key, record, size.max(0) as u64));
         }
         let now_ms = match now_ms {

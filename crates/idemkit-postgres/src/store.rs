@@ -11,7 +11,7 @@ use idemkit_core::{
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgConnection, PgPool, Row as _};
 
-use crate::errors::{Checked, Row, map_err};
+use crate::errors::{Checked, Row, map_err, read_record};
 use crate::names::{NameError, Table, check};
 use crate::sql::Statements;
 use crate::wake::{Listener, Waiters};
@@ -666,21 +666,8 @@ impl Store for PgStore {
             .await
             .map_err(|e| self.err(e))?;
         let Some(row) = row else { return Ok(None) };
-        let get = |e| self.err(e);
-        let checked = Row {
-            version: row.try_get(0).map_err(get)?,
-            state: row.try_get(1).map_err(get)?,
-            owner: row.try_get(2).map_err(get)?,
-            fencing: row.try_get(3).map_err(get)?,
-            fingerprint: row.try_get(4).map_err(get)?,
-            kind: row.try_get(5).map_err(get)?,
-            result: row.try_get(6).map_err(get)?,
-        }
-        .check(key)?;
-        Ok(Some(checked.into_record(
-            row.try_get(7).map_err(get)?,
-            row.try_get(8).map_err(get)?,
-        )))
+        let record = read_record(&row, 0, key).map_err(|e| self.err(e))??;
+        Ok(Some(record))
     }
 }
 

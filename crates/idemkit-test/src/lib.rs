@@ -87,6 +87,41 @@ pub fn require_service(what: &str, up: bool) -> bool {
     false
 }
 
+/// Reserves `key` for a new random owner for `lease`, and returns the reservation.
+///
+/// # Panics
+///
+/// Unless the store answers `Reserved`.
+///
+/// # Example
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+/// let store = idemkit_core::MemoryStore::new();
+/// let key = idemkit_test::unique_key("k");
+/// let lease = idemkit_test::reserve(&store, &key, std::time::Duration::from_secs(5)).await;
+/// assert!(lease.fencing.get() > 0);
+/// # });
+/// ```
+pub async fn reserve<S: Store>(
+    store: &S,
+    key: &StorageKey,
+    lease: Duration,
+) -> idemkit_core::Ownership {
+    match store
+        .begin(&idemkit_core::BeginRequest::new(
+            key,
+            idemkit_core::OwnerToken::random(),
+            lease,
+        ))
+        .await
+        .expect("begin")
+    {
+        idemkit_core::Claim::Reserved { ownership, .. } => ownership,
+        other => panic!("expected a reservation, got {other:?}"),
+    }
+}
+
 /// A storage key no other test uses: `op` `conformance`, key `name` plus random bits.
 ///
 /// # Example

@@ -7,8 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use idemkit_core::scan::{Listed, Scan, ScanCursor};
 use idemkit_core::{
-    BeginRequest, Claim, CompleteRequest, Key, Operation, OwnerToken, Ownership, RawStore,
-    RecordState, ResultKind, StorageKey, Store,
+    CompleteRequest, Key, Operation, RawStore, RecordState, ResultKind, StorageKey, Store,
 };
 
 use crate::Harness;
@@ -25,15 +24,8 @@ fn key_of(op: &Operation, name: &str) -> StorageKey {
     StorageKey::new(op, None, &Key::new(name).expect("valid key"))
 }
 
-async fn reserve<S: Store>(store: &S, key: &StorageKey) -> Ownership {
-    match store
-        .begin(&BeginRequest::new(key, OwnerToken::random(), LEASE))
-        .await
-        .expect("begin")
-    {
-        Claim::Reserved { ownership, .. } => ownership,
-        other => panic!("expected a reservation, got {other:?}"),
-    }
+async fn reserve<S: Store>(store: &S, key: &StorageKey) -> idemkit_core::Ownership {
+    crate::reserve(store, key, LEASE).await
 }
 
 /// Every entry of `op`, walked page by page with pages of about `count`; and the number of
