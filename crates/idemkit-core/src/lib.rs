@@ -51,6 +51,7 @@ pub mod clock;
 mod codec;
 pub mod consume;
 mod coordinator;
+pub mod downstream;
 mod dynamic;
 mod error;
 mod fingerprint;
@@ -67,6 +68,7 @@ pub use coordinator::{
     Attempt, Call, Completer, Coordinator, CoordinatorBuilder, Prepared, PreparedCall, Receipt,
     Source,
 };
+pub use downstream::{DownstreamKey, DownstreamSecret, SecretTooShort};
 pub use dynamic::DynStore;
 pub use error::{Disposition, Error, ErrorKind, Phase};
 pub use fingerprint::Fingerprint;

@@ -12,6 +12,7 @@
 //! See the README's "Which protection" table for when to use which.
 
 mod errors;
+mod fence;
 mod inbox;
 mod migrate;
 mod names;
@@ -21,6 +22,7 @@ mod store;
 mod tx;
 mod wake;
 
+pub use fence::Fences;
 pub use inbox::{DeliverError, Delivered, Inbox, InboxError, Seen};
 pub use names::{MAX_NAME_LEN, NameError};
 pub use store::{PgStore, PgStoreBuilder, Purger};

@@ -21,6 +21,11 @@ pub(crate) const INBOX: &[Migration] = &[Migration {
     sql: include_str!("../migrations/inbox/0001_create.sql"),
 }];
 
+pub(crate) const FENCES: &[Migration] = &[Migration {
+    version: 1,
+    sql: include_str!("../migrations/fences/0001_create.sql"),
+}];
+
 /// Applies the migrations of `table` that its schema has not recorded yet, in one
 /// transaction. Concurrent callers (every replica at start-up) queue on an advisory lock.
 pub(crate) async fn apply(

@@ -11,11 +11,12 @@ use super::complete::{ByStore, Completer};
 use super::errors::{ReleaseOnError, StorePermanent};
 use super::lease::LeaseState;
 use crate::codec::Codec;
+use crate::downstream::{DownstreamKey, DownstreamSecret};
 use crate::error::Error;
 use crate::policy::{InFlight, Policy};
 use crate::record::FencingToken;
 use crate::store::Store;
-use crate::{Fingerprint, Key, Operation, Scope};
+use crate::{Fingerprint, Key, Operation, Scope, StorageKey};
 
 /// Where a call's value came from.
 ///
@@ -137,6 +138,15 @@ impl<T> Receipt<T> {
 pub struct Attempt {
     pub(super) fencing: Option<FencingToken>,
     pub(super) lease: Option<Arc<LeaseState>>,
+    pub(super) downstream: Option<Downstream>,
+}
+
+/// What an attempt's downstream key is derived from: the effect, and the coordinator's
+/// secret. Derived when asked for (a SHA-256), not on every call.
+#[derive(Debug, Clone)]
+pub(super) struct Downstream {
+    pub(super) key: StorageKey,
+    pub(super) secret: Option<DownstreamSecret>,
 }
 
 impl Attempt {
@@ -154,6 +164,7 @@ impl Attempt {
         Attempt {
             fencing: None,
             lease: None,
+            downstream: None,
         }
     }
 
@@ -164,6 +175,37 @@ impl Attempt {
     /// See [`Attempt`].
     pub fn fencing_token(&self) -> Option<FencingToken> {
         self.fencing
+    }
+
+    /// The effect's [downstream key](crate::downstream): the same on every attempt of this
+    /// effect (operation, scope, key), on every machine and store, keyed with the
+    /// coordinator's [secret](crate::CoordinatorBuilder::downstream_secret) if it has one.
+    /// Pass it as the idempotency key of a receiver that deduplicates (`Idempotency-Key`),
+    /// and the [fencing token](Attempt::fencing_token) to a receiver that orders writers.
+    /// `None` only for an attempt made by [`Attempt::unprotected`]; a run the coordinator
+    /// lets go unprotected (fail-open) still has it.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use idemkit_core::{Coordinator, DownstreamKey, Key, MemoryStore, Operation};
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
+    /// let c = Coordinator::new(MemoryStore::new());
+    /// let (op, key) = (Operation::new("mail.invoice")?, Key::new("order-9.invoice")?);
+    /// let sent = c.call(&op, &key).run(|attempt| async move {
+    ///     let idempotency_key = attempt.downstream_key().expect("a coordinator's attempt");
+    ///     // provider.send(invoice).header("Idempotency-Key", idempotency_key.as_str())
+    ///     Ok::<_, std::io::Error>(idempotency_key.into_string())
+    /// }).await?;
+    /// assert_eq!(sent.value, DownstreamKey::of(&op, None, &key).as_str());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn downstream_key(&self) -> Option<DownstreamKey> {
+        self.downstream
+            .as_ref()
+            .map(|d| DownstreamKey::of_storage_key(&d.key, d.secret.as_ref()))
     }
 
     /// Whether the run holds a reservation.

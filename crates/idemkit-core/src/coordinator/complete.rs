@@ -110,6 +110,7 @@ impl<S: Store, C> Call<'_, S, C> {
         let attempt = Attempt {
             fencing: Some(lease.fencing),
             lease: Some(state.clone()),
+            downstream: Some(self.downstream(key)),
         };
         let started = now();
         let result = keeper.keep_while(action(attempt)).await;

@@ -20,7 +20,7 @@ use std::future::Future;
 use bytes::Bytes;
 use tracing::Instrument as _;
 
-use super::call::{Attempt, Call, Receipt, Source};
+use super::call::{Attempt, Call, Downstream, Receipt, Source};
 use super::complete::Completer;
 use super::errors::ErrorPolicy;
 use super::lease::{Guard, Keeper, LeaseState, Pending, after, bounded};
@@ -48,6 +48,18 @@ pub(super) struct Effective {
 }
 
 impl<S: Store, C> Call<'_, S, C> {
+    /// What the attempt's downstream key is derived from (the effect, the secret).
+    pub(super) fn downstream(&self, key: &StorageKey) -> Downstream {
+        Downstream {
+            key: key.clone(),
+            secret: self.coordinator.downstream_secret().cloned(),
+        }
+    }
+
+    fn storage_key(&self) -> StorageKey {
+        StorageKey::new(&self.operation, self.scope.as_deref(), &self.key)
+    }
+
     fn effective(&self) -> Result<Effective, &'static str> {
         let mut policy = self.policy;
         let ttl = self.ttl.unwrap_or(policy.ttl).min(Policy::MAX_DURATION);
@@ -205,7 +217,7 @@ impl<S: Store, C> Call<'_, S, C> {
                             op.metrics().unprotected_in_flight.increment(1);
                             tracing::warn!(operation = %op, key = %self.key,
                                 "running unprotected beside a live owner (in_flight=run)");
-                            return Box::pin(run_unprotected(action)).await;
+                            return Box::pin(run_unprotected(action, self.downstream(&key))).await;
                         }
                         InFlight::Wait => {
                             let started = now();
@@ -290,7 +302,7 @@ impl<S: Store, C> Call<'_, S, C> {
             op.metrics().unprotected_store_unavailable.increment(1);
             tracing::warn!(operation = %op, key = %self.key, %phase, error = %source,
                 "store unavailable: running unprotected (fail-open)");
-            return run_unprotected(action).await;
+            return run_unprotected(action, self.downstream(&self.storage_key())).await;
         }
         Err(Error::Store { phase, source })
     }
@@ -324,6 +336,7 @@ impl<S: Store, C> Call<'_, S, C> {
             let attempt = Attempt {
                 fencing: Some(lease.fencing),
                 lease: Some(state.clone()),
+                downstream: Some(self.downstream(key)),
             };
             let result = action(attempt).await;
             op.metrics().timing(Phase::Action, started);
@@ -516,12 +529,19 @@ impl<S: Store, C> Call<'_, S, C> {
     }
 }
 
-async fn run_unprotected<T, E, F, Fut>(action: F) -> Result<Receipt<T>, Error<E>>
+async fn run_unprotected<T, E, F, Fut>(
+    action: F,
+    downstream: Downstream,
+) -> Result<Receipt<T>, Error<E>>
 where
     F: FnOnce(Attempt) -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
-    match action(Attempt::unprotected()).await {
+    let attempt = Attempt {
+        downstream: Some(downstream),
+        ..Attempt::unprotected()
+    };
+    match action(attempt).await {
         Ok(value) => Ok(Receipt::new(value, Source::Unprotected, None)),
         Err(e) => Err(Error::Action(e)),
     }

@@ -28,6 +28,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::codec::JsonCodec;
+use crate::downstream::{DownstreamKey, DownstreamSecret};
 use crate::policy::Policy;
 use crate::store::Store;
 use crate::{Key, Operation};
@@ -63,6 +64,8 @@ pub struct Coordinator<S> {
 struct Shared<S> {
     store: S,
     policy: Policy,
+    /// Keys [`Attempt::downstream_key`] when set.
+    downstream_secret: Option<DownstreamSecret>,
     /// Per-operation overrides, fixed at build time so a call's lookup takes no lock.
     overrides: HashMap<Operation, Policy>,
 }
@@ -105,6 +108,7 @@ pub struct CoordinatorBuilder<S> {
     store: S,
     policy: Policy,
     overrides: HashMap<Operation, Policy>,
+    downstream_secret: Option<DownstreamSecret>,
 }
 
 impl<S: Store> CoordinatorBuilder<S> {
@@ -140,6 +144,25 @@ impl<S: Store> CoordinatorBuilder<S> {
         self
     }
 
+    /// Keys every [downstream key](crate::downstream) with `secret` (HMAC-SHA-256), so a
+    /// receiver learns nothing of the effect's key. Every coordinator whose attempts must
+    /// pass the same keys (all workers of one consumer) needs the same secret.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use idemkit_core::{Coordinator, DownstreamSecret, Key, MemoryStore, Operation};
+    /// let secret = DownstreamSecret::new(b"a secret of 16 bytes or more".to_vec())?;
+    /// let c = Coordinator::builder(MemoryStore::new()).downstream_secret(secret).build();
+    /// let k = c.downstream_key(&Operation::new("op")?, None, &Key::new("k")?);
+    /// assert!(k.as_str().starts_with("idk1s_"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn downstream_secret(mut self, secret: DownstreamSecret) -> Self {
+        self.downstream_secret = Some(secret);
+        self
+    }
+
     /// Builds the coordinator.
     ///
     /// # Example
@@ -153,6 +176,7 @@ impl<S: Store> CoordinatorBuilder<S> {
             inner: Arc::new(Shared {
                 store: self.store,
                 policy: self.policy,
+                downstream_secret: self.downstream_secret,
                 overrides: self.overrides,
             }),
         }
@@ -186,7 +210,36 @@ impl<S: Store> Coordinator<S> {
             store,
             policy: Policy::default(),
             overrides: HashMap::new(),
+            downstream_secret: None,
         }
+    }
+
+    /// The [downstream key](crate::downstream) of an effect, as its attempts get it from
+    /// [`Attempt::downstream_key`]: keyed with this coordinator's secret, if it has one.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use idemkit_core::{Coordinator, DownstreamKey, Key, MemoryStore, Operation};
+    /// let c = Coordinator::new(MemoryStore::new());
+    /// let (op, key) = (Operation::new("op")?, Key::new("k")?);
+    /// assert_eq!(c.downstream_key(&op, None, &key), DownstreamKey::of(&op, None, &key));
+    /// # Ok::<(), idemkit_core::KeyError>(())
+    /// ```
+    pub fn downstream_key(
+        &self,
+        operation: &Operation,
+        scope: Option<&crate::Scope>,
+        key: &Key,
+    ) -> DownstreamKey {
+        DownstreamKey::of_storage_key(
+            &crate::StorageKey::new(operation, scope, key),
+            self.inner.downstream_secret.as_ref(),
+        )
+    }
+
+    pub(crate) fn downstream_secret(&self) -> Option<&DownstreamSecret> {
+        self.inner.downstream_secret.as_ref()
     }
 
     /// The store.
