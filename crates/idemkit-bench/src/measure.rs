@@ -350,6 +350,15 @@ pub(crate) async fn run(url: &str, ops: usize, workers: usize) -> Result<Report,
         .await
         .map_err(|e| e.to_string())?;
     let coordinator = Coordinator::new(store);
+    // The same store with coalescing off: before and after, in one run.
+    let single = Coordinator::new(
+        RedisStore::builder()
+            .prefix(format!("idemkit-bench:{:x}", fastrand::u64(..)))
+            .coalesce(false)
+            .connect(url)
+            .await
+            .map_err(|e| e.to_string())?,
+    );
     let op = Operation::new("bench").expect("valid");
     let noop = redis::Script::new("return 1");
     let hit_key = Key::new("hit").expect("valid");
@@ -372,6 +381,7 @@ pub(crate) async fn run(url: &str, ops: usize, workers: usize) -> Result<Report,
 
     let mut rows = Vec::new();
     let next = Arc::new(AtomicU64::new(0));
+    let next_single = Arc::new(AtomicU64::new(0));
     for concurrency in [1, 64] {
         let n = if concurrency == 1 { ops / 10 } else { ops };
         let conn = bench.raw();
@@ -411,23 +421,29 @@ pub(crate) async fn run(url: &str, ops: usize, workers: usize) -> Result<Report,
                 })
                 .await?,
         );
-        let (c, o, next) = (coordinator.clone(), op.clone(), next.clone());
-        rows.push(
-            bench
-                .measure("idemkit miss", concurrency, n, move |_| {
-                    let (c, o) = (c.clone(), o.clone());
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let k = Key::new(format!("miss-{i}")).expect("valid");
-                    async move {
-                        c.call(&o, &k)
-                            .ttl(Duration::from_secs(60))
-                            .run(|_| action())
-                            .await
-                            .expect("miss");
-                    }
-                })
-                .await?,
-        );
+        for (case, c, next) in [
+            ("idemkit miss", &coordinator, &next),
+            ("idemkit miss, coalescing off", &single, &next_single),
+        ] {
+            let (c, o, next) = (c.clone(), op.clone(), next.clone());
+            rows.push(
+                bench
+                    .measure(case, concurrency, n, move |_| {
+                        let (c, o) = (c.clone(), o.clone());
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let k = Key::new(format!("{case}-{i}").replace([' ', ','], "-"))
+                            .expect("valid");
+                        async move {
+                            c.call(&o, &k)
+                                .ttl(Duration::from_secs(60))
+                                .run(|_| action())
+                                .await
+                                .expect("miss");
+                        }
+                    })
+                    .await?,
+            );
+        }
     }
     let wakeups = wakeups(&coordinator, &op, 50).await?;
     Ok(Report {

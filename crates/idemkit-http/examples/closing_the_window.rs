@@ -13,8 +13,9 @@
 //!   Redis. It counts the emails it really sends.
 //! - The consumer is a process of its own. It handles message `order-9` under idemkit (key
 //!   `order-9.invoice`, lease 1 s) and sends the invoice with `Idempotency-Key: <downstream
-//!   key>`. The first delivery's process exits right after the mail service answered, before
-//!   completing. The second delivery (the redelivery) runs once the dead owner's lease ends.
+//!   key>`. The demo kills the first delivery's process (SIGKILL) right after the mail
+//!   service answered, before it completes. The second delivery (the redelivery) runs once
+//!   the dead owner's lease ends.
 //! - The same run passes the fencing token as the key instead. It changes on every attempt,
 //!   so the mail service sends twice.
 //!
@@ -123,9 +124,10 @@ async fn consumer(
             let receipt = answer.text().await.map_err(std::io::Error::other)?;
             println!("consumer: mail service answered {receipt} for key {idempotency_key}");
             if crash {
-                // Killed between the send and the completion: the last window.
-                println!("consumer: dying before the result is stored");
-                std::process::exit(137);
+                // The last window: the send happened, the result is not stored yet. The demo
+                // kills this process (SIGKILL) as soon as it reads this line.
+                println!("consumer: killed here, before the result is stored");
+                std::future::pending::<()>().await;
             }
             Ok::<_, std::io::Error>(receipt)
         })
@@ -154,10 +156,9 @@ async fn demo() -> Result<(), Box<dyn std::error::Error>> {
             if crash {
                 cmd.arg("--crash");
             }
-            let status = tokio::task::spawn_blocking(move || cmd.status()).await??;
-            let expected = if crash { Some(137) } else { Some(0) };
-            if status.code() != expected {
-                return Err(format!("consumer exited with {status}").into());
+            let ok = tokio::task::spawn_blocking(move || run_consumer(cmd, crash)).await??;
+            if !ok {
+                return Err("the consumer did not end as expected".into());
             }
         }
         rows.push((key_kind, deliveries, sent.load(Ordering::SeqCst)));
@@ -180,6 +181,29 @@ async fn demo() -> Result<(), Box<dyn std::error::Error>> {
         println!("{kind} sent={sent} deliveries={deliveries}");
     }
     Ok(())
+}
+
+/// Runs one consumer, echoing its lines. With `crash`, kills it (SIGKILL) once it says the
+/// mail service answered: it never stores its result. Whether it ended as expected.
+fn run_consumer(mut cmd: Command, crash: bool) -> std::io::Result<bool> {
+    use std::io::BufRead as _;
+    let mut child = cmd.stdout(std::process::Stdio::piped()).spawn()?;
+    let stdout = child.stdout.take().expect("piped");
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line?;
+        println!("{line}");
+        if crash && line.contains("killed here") {
+            child.kill()?;
+            println!("demo: killed the consumer (SIGKILL); the message is redelivered");
+            break;
+        }
+    }
+    let status = child.wait()?;
+    Ok(if crash {
+        status.code().is_none()
+    } else {
+        status.success()
+    })
 }
 
 fn nanos() -> u64 {

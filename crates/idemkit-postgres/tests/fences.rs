@@ -181,6 +181,46 @@ async fn a_stale_writer_after_the_fresh_one_is_refused() {
     );
 }
 
+/// Two fenced writers of one account, raced: `first` takes the fence and holds its
+/// transaction open; `second` starts meanwhile and must wait on the resource's row; then
+/// `first` commits. Returns whether each wrote.
+async fn race(
+    pool: &PgPool,
+    fences: &Fences,
+    account: &str,
+    first: (&'static str, FencingToken),
+    second: (&'static str, FencingToken),
+) -> (bool, bool) {
+    let (advanced_tx, advanced) = oneshot::channel();
+    let (release, hold) = oneshot::channel();
+    let first_task = tokio::spawn(write(
+        pool.clone(),
+        Some(fences.clone()),
+        account.to_string(),
+        first.0,
+        first.1,
+        Some(advanced_tx),
+        Some(hold),
+    ));
+    advanced.await.unwrap();
+    let second_task = tokio::spawn(write(
+        pool.clone(),
+        Some(fences.clone()),
+        account.to_string(),
+        second.0,
+        second.1,
+        None,
+        None,
+    ));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !second_task.is_finished(),
+        "the second writer waits for the first transaction"
+    );
+    release.send(()).unwrap();
+    (first_task.await.unwrap(), second_task.await.unwrap())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_writers_end_with_the_fresh_write_whoever_goes_first() {
     let (Some((pool, fences, account)), Some((stale, fresh))) =
@@ -188,79 +228,18 @@ async fn racing_writers_end_with_the_fresh_write_whoever_goes_first() {
     else {
         return;
     };
-    // The stale writer gets the fence first and holds its transaction open; the fresh one
-    // starts meanwhile and waits on the resource's row; the stale one commits, then the
-    // fresh one writes over it.
-    let (advanced_tx, advanced) = oneshot::channel();
-    let (release, hold) = oneshot::channel();
-    let stale_task = tokio::spawn(write(
-        pool.clone(),
-        Some(fences.clone()),
-        account.clone(),
-        "free",
-        stale,
-        Some(advanced_tx),
-        Some(hold),
-    ));
-    advanced.await.unwrap();
-    let fresh_task = tokio::spawn(write(
-        pool.clone(),
-        Some(fences.clone()),
-        account.clone(),
-        "pro",
-        fresh,
-        None,
-        None,
-    ));
-    // The fresh writer is blocked on the row lock while the stale transaction is open.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(
-        !fresh_task.is_finished(),
-        "the fresh writer waits for the stale transaction"
-    );
-    release.send(()).unwrap();
-    assert!(
-        stale_task.await.unwrap(),
-        "first in, the stale write commits"
-    );
-    assert!(fresh_task.await.unwrap(), "then the fresh write goes on");
+    // The stale writer first: it commits, then the fresh one writes over it.
+    let wrote = race(&pool, &fences, &account, ("free", stale), ("pro", fresh)).await;
+    assert_eq!(wrote, (true, true), "both write, the fresh one last");
     assert_eq!(
         plan(&pool, &account).await,
         ("pro".into(), fresh.get() as i64)
     );
 
-    // The other order, raced: the fresh writer holds its transaction, the stale one comes
-    // in meanwhile, waits, and is refused once the fresh one commits.
+    // The fresh writer first: the stale one, waiting meanwhile, is refused once it commits.
     let (pool, fences, account) = setup().await.unwrap();
-    let (advanced_tx, advanced) = oneshot::channel();
-    let (release, hold) = oneshot::channel();
-    let fresh_task = tokio::spawn(write(
-        pool.clone(),
-        Some(fences.clone()),
-        account.clone(),
-        "pro",
-        fresh,
-        Some(advanced_tx),
-        Some(hold),
-    ));
-    advanced.await.unwrap();
-    let stale_task = tokio::spawn(write(
-        pool.clone(),
-        Some(fences.clone()),
-        account.clone(),
-        "free",
-        stale,
-        None,
-        None,
-    ));
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(
-        !stale_task.is_finished(),
-        "the stale writer waits for the fresh transaction"
-    );
-    release.send(()).unwrap();
-    assert!(fresh_task.await.unwrap());
-    assert!(!stale_task.await.unwrap(), "the stale writer is refused");
+    let wrote = race(&pool, &fences, &account, ("pro", fresh), ("free", stale)).await;
+    assert_eq!(wrote, (true, false), "the stale writer is refused");
     assert_eq!(
         plan(&pool, &account).await,
         ("pro".into(), fresh.get() as i64)

@@ -54,6 +54,7 @@ pub struct RedisStoreBuilder {
     connection_timeout: Duration,
     replicas: Option<(usize, Duration)>,
     eviction: EvictionCheck,
+    coalesce: bool,
 }
 
 impl Default for RedisStoreBuilder {
@@ -64,6 +65,7 @@ impl Default for RedisStoreBuilder {
             connection_timeout: Duration::from_secs(1),
             replicas: None,
             eviction: EvictionCheck::Warn,
+            coalesce: true,
         }
     }
 }
@@ -142,6 +144,28 @@ impl RedisStoreBuilder {
     /// ```
     pub fn eviction_check(mut self, check: EvictionCheck) -> Self {
         self.eviction = check;
+        self
+    }
+
+    /// Whether concurrent `begin`s (and `complete`s) are coalesced: while one is on the
+    /// wire, later ones queue and go out together as one script call when it answers (one
+    /// script entry and one clock read for many keys, which is most of what a call costs
+    /// Redis). Default on; nothing waits when nothing is queued. Applies to one server
+    /// without [`wait_for_replicas`](Self::wait_for_replicas); a Cluster never coalesces
+    /// (keys of one slot rarely meet). Off sends every call on its own (for comparison).
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), idemkit_core::StoreError> {
+    /// let store = idemkit_redis::RedisStore::builder()
+    ///     .coalesce(false)
+    ///     .connect("redis://127.0.0.1:6379")
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn coalesce(mut self, on: bool) -> Self {
+        self.coalesce = on;
         self
     }
 
@@ -232,7 +256,15 @@ impl RedisStoreBuilder {
         let durable = self
             .replicas
             .map(|(n, timeout)| Durable::new(n, timeout, self.response_timeout, opener));
-        Ok(RedisStore::new(conn, self.prefix, durable, waiters, limit))
+        let coalesce = self.coalesce && durable.is_none() && !matches!(conn, Conn::Cluster(_));
+        Ok(RedisStore::new(
+            conn,
+            self.prefix,
+            durable,
+            waiters,
+            limit,
+            coalesce,
+        ))
     }
 
     /// The longest one store call can take (see `Store::call_timeout`): a script call is at

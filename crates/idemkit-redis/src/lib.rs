@@ -49,6 +49,7 @@ use idemkit_core::{
 use redis::{Cmd, Pipeline, RedisError, Value};
 
 mod builder;
+mod coalesce;
 mod conn;
 mod durable;
 mod errors;
@@ -59,6 +60,7 @@ mod wake;
 
 pub use builder::{EvictionCheck, RedisStoreBuilder};
 
+use coalesce::{BeginJob, Coalescer, CompleteJob, Entered, Kind, Lead};
 use conn::Conn;
 use durable::Durable;
 use errors::{decode, int, map_err, owner_checked, unexpected};
@@ -99,6 +101,11 @@ struct Shared {
     pubsub: Arc<tokio::sync::Mutex<()>>,
     /// The longest one call can take, enforced by the connection's response timeout.
     call_timeout: Option<Duration>,
+    /// Whether concurrent begins and completes are coalesced (see `coalesce`).
+    coalesce: bool,
+    /// The queues of coalesced calls: one per connection, shared by every prefix on it.
+    begins: Arc<Coalescer<BeginJob>>,
+    completes: Arc<Coalescer<CompleteJob>>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -125,6 +132,7 @@ impl RedisStore {
         durable: Option<Durable>,
         waiters: Arc<Waiters>,
         call_timeout: Option<Duration>,
+        coalesce: bool,
     ) -> Self {
         RedisStore {
             conn,
@@ -134,6 +142,9 @@ impl RedisStore {
                 waiters,
                 pubsub: Arc::default(),
                 call_timeout,
+                coalesce,
+                begins: Arc::default(),
+                completes: Arc::default(),
             }),
         }
     }
@@ -171,6 +182,9 @@ impl RedisStore {
                 waiters: self.shared.waiters.clone(),
                 pubsub: self.shared.pubsub.clone(),
                 call_timeout: self.shared.call_timeout,
+                coalesce: self.shared.coalesce,
+                begins: self.shared.begins.clone(),
+                completes: self.shared.completes.clone(),
             }),
         }
     }
@@ -420,6 +434,38 @@ impl Store for RedisStore {
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Claim, StoreError> {
         let rkey = self.redis_key(req.key);
         let fingerprint = req.fingerprint.map(|f| f.to_bytes());
+        let _lead = if self.shared.coalesce {
+            let mut queued = None;
+            let lead = self.shared.begins.enter(|| {
+                let (reply, answer) = tokio::sync::oneshot::channel();
+                queued = Some(answer);
+                let mut owner = [0u8; 17];
+                owner[0] = u8::from(fingerprint.is_some());
+                owner[1..].copy_from_slice(&req.owner.as_u128().to_be_bytes());
+                BeginJob {
+                    rkey: rkey.clone(),
+                    owner,
+                    fingerprint,
+                    lease_ms: ms(req.lease),
+                    reply,
+                }
+            });
+            match lead {
+                Entered::Lead => Some(Lead {
+                    store: self,
+                    kind: Kind::Begin,
+                }),
+                Entered::Queued { spawn_flush } => {
+                    if spawn_flush {
+                        coalesce::spawn_flush(self, Kind::Begin);
+                    }
+                    let answer = queued.expect("queued");
+                    return claim_of(req, coalesce::wait(answer).await?);
+                }
+            }
+        } else {
+            None
+        };
         let (reply, acked) = self
             .eval_guarded(
                 &scripts::BEGIN,
@@ -553,6 +599,39 @@ impl Store for RedisStore {
             ));
         }
         let rkey = self.redis_key(key);
+        let _lead = if self.shared.coalesce {
+            let mut queued = None;
+            let lead = self.shared.completes.enter(|| {
+                let (reply, answer) = tokio::sync::oneshot::channel();
+                queued = Some(answer);
+                let mut lease_bytes = [0u8; 24];
+                lease_bytes[..16].copy_from_slice(&lease.owner.as_u128().to_be_bytes());
+                lease_bytes[16..].copy_from_slice(&lease.fencing.get().to_be_bytes());
+                CompleteJob {
+                    rkey: rkey.clone(),
+                    lease: lease_bytes,
+                    ttl_ms: ms(completion.ttl),
+                    kind: completion.kind,
+                    bytes: completion.bytes.clone(),
+                    reply,
+                }
+            });
+            match lead {
+                Entered::Lead => Some(Lead {
+                    store: self,
+                    kind: Kind::Complete,
+                }),
+                Entered::Queued { spawn_flush } => {
+                    if spawn_flush {
+                        coalesce::spawn_flush(self, Kind::Complete);
+                    }
+                    let answer = queued.expect("queued");
+                    return owner_checked(int(Some(&coalesce::wait(answer).await?))?);
+                }
+            }
+        } else {
+            None
+        };
         let (reply, acked) = self
             .eval_guarded(
                 self.complete_script(),

@@ -46,6 +46,7 @@ pub(crate) static COMPLETE_SHARDED: LazyLock<Lua> = lua!(sharded "../lua/complet
 pub(crate) static RELEASE: LazyLock<Lua> = lua!("../lua/release.lua");
 pub(crate) static RELEASE_SHARDED: LazyLock<Lua> = lua!(sharded "../lua/release.lua");
 pub(crate) static WATCH: LazyLock<Lua> = lua!("../lua/watch.lua");
+pub(crate) static COMPLETE_MANY: LazyLock<Lua> = lua!("../lua/complete_many.lua");
 pub(crate) static PEEK: LazyLock<Lua> = lua!("../lua/peek.lua");
 pub(crate) static REMOVE: LazyLock<Lua> = lua!("../lua/remove.lua");
 pub(crate) static REMOVE_SHARDED: LazyLock<Lua> = lua!(sharded "../lua/remove.lua");

@@ -1,0 +1,189 @@
+//! Coalesced calls on a Redis server this test owns, counted by Redis itself
+//! (`INFO commandstats`): concurrent begins and completes go out as far fewer script calls
+//! than calls, each key is still answered exactly as alone (concurrent duplicates included),
+//! a cancelled call never wedges the queue, and with coalescing off every call is its own.
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use idemkit_core::{
+    BeginRequest, Claim, CompleteRequest, Key, Operation, OwnerToken, ResultKind, StorageKey, Store,
+};
+use idemkit_redis::RedisStore;
+use support::RedisProcess;
+
+/// `EVALSHA` calls so far, from the server's own counters.
+fn evalsha_calls(port: u16) -> u64 {
+    let out = std::process::Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "info", "commandstats"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|l| l.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+async fn store(server: &RedisProcess, coalesce: bool) -> RedisStore {
+    RedisStore::builder()
+        .prefix(format!("coalesce-{:x}", fastrand::u64(..)))
+        .coalesce(coalesce)
+        .connect(&server.url())
+        .await
+        .unwrap()
+}
+
+fn keys(n: usize) -> Vec<StorageKey> {
+    let op = Operation::new("mail.invoice").unwrap();
+    (0..n)
+        .map(|i| StorageKey::new(&op, None, &Key::new(format!("order-{i}")).unwrap()))
+        .collect()
+}
+
+/// 64 tasks begin 64 keys at once, then complete them at once; the script calls Redis saw.
+async fn begin_and_complete_64(store: &RedisStore, port: u16) -> (u64, u64) {
+    let keys = keys(64);
+    let before = evalsha_calls(port);
+    let begins: Vec<_> = keys
+        .iter()
+        .map(|k| {
+            let (store, k) = (store.clone(), k.clone());
+            tokio::spawn(async move {
+                let req = BeginRequest::new(&k, OwnerToken::random(), Duration::from_secs(30));
+                match store.begin(&req).await.unwrap() {
+                    Claim::Reserved { ownership, .. } => (k, ownership),
+                    other => panic!("{k}: {other:?}"),
+                }
+            })
+        })
+        .collect();
+    let mut leases = Vec::new();
+    for b in begins {
+        leases.push(b.await.unwrap());
+    }
+    let began = evalsha_calls(port) - before;
+    let before = evalsha_calls(port);
+    let completes: Vec<_> = leases
+        .iter()
+        .map(|(k, lease)| {
+            let (store, k, lease) = (store.clone(), k.clone(), *lease);
+            tokio::spawn(async move {
+                let done = CompleteRequest::new(
+                    ResultKind::Value,
+                    Bytes::from(format!("em_{k}")),
+                    Duration::from_secs(60),
+                );
+                store.complete(&k, &lease, &done).await.unwrap();
+            })
+        })
+        .collect();
+    for c in completes {
+        c.await.unwrap();
+    }
+    let completed = evalsha_calls(port) - before;
+    // Every key holds its own result, under its own fencing token.
+    for (k, lease) in &leases {
+        let r = store.get(k).await.unwrap().expect("completed");
+        assert_eq!(r.fencing, lease.fencing);
+        match r.state {
+            idemkit_core::RecordState::Completed(res) => {
+                assert_eq!(res.bytes(), format!("em_{k}").as_bytes());
+            }
+            other => panic!("{k}: {other:?}"),
+        }
+    }
+    (began, completed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_calls_go_out_as_few_script_calls() {
+    let server = RedisProcess::start(&[]);
+    let (began, completed) = begin_and_complete_64(&store(&server, true).await, server.port).await;
+    eprintln!("coalesced: 64 begins in {began} script calls, 64 completes in {completed}");
+    assert!(began < 32, "64 concurrent begins took {began} script calls");
+    assert!(
+        completed < 32,
+        "64 concurrent completes took {completed} script calls"
+    );
+
+    // The same without coalescing: one script call per call.
+    let (began, completed) = begin_and_complete_64(&store(&server, false).await, server.port).await;
+    assert_eq!((began, completed), (64, 64));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_duplicates_in_one_batch_are_answered_as_one_after_the_other() {
+    let server = RedisProcess::start(&[]);
+    let store = store(&server, true).await;
+    let key = keys(1).remove(0);
+    let tasks: Vec<_> = (0..64)
+        .map(|_| {
+            let (store, key) = (store.clone(), key.clone());
+            tokio::spawn(async move {
+                let req = BeginRequest::new(&key, OwnerToken::random(), Duration::from_secs(30));
+                store.begin(&req).await.unwrap()
+            })
+        })
+        .collect();
+    let mut kinds: HashMap<&str, usize> = HashMap::new();
+    let mut fencing = None;
+    for t in tasks {
+        match t.await.unwrap() {
+            Claim::Reserved { ownership, .. } => {
+                *kinds.entry("reserved").or_default() += 1;
+                fencing = Some(ownership.fencing);
+            }
+            Claim::InFlight { fencing: seen, .. } => {
+                *kinds.entry("in flight").or_default() += 1;
+                assert!(fencing.is_none_or(|f| f == seen));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(kinds.get("reserved"), Some(&1), "{kinds:?}");
+    assert_eq!(kinds.get("in flight"), Some(&63), "{kinds:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_calls_never_wedge_the_queue() {
+    let server = RedisProcess::start(&[]);
+    let store = store(&server, true).await;
+    for round in 0..20 {
+        // Many begins at once, half of them cancelled at once: leaders and queued alike.
+        let keys = keys(32);
+        let tasks: Vec<_> = keys
+            .iter()
+            .map(|k| {
+                let (store, k) = (store.clone(), k.clone());
+                tokio::spawn(async move {
+                    let req = BeginRequest::new(&k, OwnerToken::random(), Duration::from_secs(1));
+                    store.begin(&req).await
+                })
+            })
+            .collect();
+        for (i, t) in tasks.iter().enumerate() {
+            if i % 2 == round % 2 {
+                t.abort();
+            }
+        }
+        for t in tasks {
+            let _ = t.await;
+        }
+        // The next call still gets its answer.
+        let fresh = StorageKey::new(
+            &Operation::new("after").unwrap(),
+            None,
+            &Key::new(format!("k-{round}")).unwrap(),
+        );
+        let req = BeginRequest::new(&fresh, OwnerToken::random(), Duration::from_secs(1));
+        let answered = tokio::time::timeout(Duration::from_secs(5), store.begin(&req)).await;
+        assert!(
+            matches!(answered, Ok(Ok(Claim::Reserved { .. }))),
+            "round {round}: {answered:?}"
+        );
+    }
+}
