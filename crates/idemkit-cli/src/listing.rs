@@ -509,16 +509,38 @@ impl OpStats {
     }
 }
 
-/// Every operation's numbers, from one walk of the store.
-pub(crate) async fn collect_stats(
+/// What one walk of the store found: every operation's numbers, and the oldest live
+/// reservations.
+pub(crate) struct Survey {
+    pub(crate) by_op: BTreeMap<String, OpStats>,
+    /// The oldest live reservations, oldest first: at most the number asked for.
+    pub(crate) oldest: Vec<Listed>,
+    /// The store's clock at the last page, in Unix ms.
+    pub(crate) now_ms: u64,
+}
+
+impl Survey {
+    /// Live reservations, all operations together.
+    pub(crate) fn reserved(&self) -> u64 {
+        self.by_op.values().map(|s| s.reserved).sum()
+    }
+}
+
+/// Every operation's numbers and the `keep` oldest live reservations, from one walk of the
+/// store.
+pub(crate) async fn survey(
     target: &Target,
     soon: Duration,
-) -> Result<BTreeMap<String, OpStats>, StoreError> {
+    keep: usize,
+) -> Result<Survey, StoreError> {
     let soon = soon.as_millis() as u64;
     let mut by_op: BTreeMap<String, OpStats> = BTreeMap::new();
+    let mut oldest: Vec<Listed> = Vec::new();
+    let mut now_ms = 0;
     let everything = Checked::everything();
     let mut walk = Walk::new(target, &everything);
     while let Some((entries, now)) = walk.next().await? {
+        now_ms = now;
         for e in entries {
             let op = e.key.as_str().split(':').next().unwrap_or_default();
             let s = by_op.entry(op.to_string()).or_default();
@@ -534,6 +556,9 @@ pub(crate) async fn collect_stats(
                     s.oldest_reservation_ms = s
                         .oldest_reservation_ms
                         .max(now.saturating_sub(r.created_at_ms));
+                    if keep > 0 {
+                        oldest.push(e.clone());
+                    }
                 }
                 "permanent error" => s.permanent_errors += 1,
                 "result unavailable" => s.results_unavailable += 1,
@@ -546,8 +571,15 @@ pub(crate) async fn collect_stats(
                 s.expiring_soon += 1;
             }
         }
+        // Bounded: only the `keep` oldest are kept from page to page.
+        oldest.sort_by_key(|e| e.record.as_ref().map_or(u64::MAX, |r| r.created_at_ms));
+        oldest.truncate(keep);
     }
-    Ok(by_op)
+    Ok(Survey {
+        by_op,
+        oldest,
+        now_ms,
+    })
 }
 
 /// What the store itself says about its health.
@@ -580,8 +612,8 @@ pub(crate) async fn stats(store: &StoreArgs, soon: Duration, json: bool) -> Exit
         Ok(t) => t,
         Err(code) => return code,
     };
-    let by_op = match collect_stats(&target, soon).await {
-        Ok(s) => s,
+    let by_op = match survey(&target, soon, 0).await {
+        Ok(s) => s.by_op,
         Err(e) => return store_failed(&e),
     };
     let facts = store_facts(&target).await;

@@ -17,13 +17,12 @@ use axum::extract::{Form, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
-use idemkit_core::scan::Listed;
 use idemkit_core::{FencingToken, Operation, OwnerToken, Ownership, StorageKey};
 use serde::Deserialize;
 
 use crate::listing::{
-    Checked, OpStats, StateFilter, StoreFacts, Walk, collect_stats, count_matching, human,
-    parse_duration, purge_matching, store_facts,
+    Checked, OpStats, StateFilter, StoreFacts, count_matching, human, parse_duration,
+    purge_matching, store_facts, survey,
 };
 use crate::ops::{Exit, StoreArgs, Target, connect, fail};
 
@@ -194,35 +193,23 @@ fn unavailable(e: impl std::fmt::Display) -> Response {
         .into_response()
 }
 
-/// The oldest live reservations (at most [`SHOWN`]), oldest first, and how many there are.
-async fn in_flight(target: &Target) -> Result<(Vec<Listed>, u64, u64), idemkit_core::StoreError> {
-    let filter = Checked::of(None, Some(StateFilter::Reserved));
-    let mut walk = Walk::new(target, &filter);
-    let (mut oldest, mut total, mut now_ms) = (Vec::new(), 0u64, 0u64);
-    while let Some((entries, now)) = walk.next().await? {
-        now_ms = now;
-        total += entries.len() as u64;
-        oldest.extend(entries);
-        oldest.sort_by_key(|e: &Listed| e.record.as_ref().map_or(u64::MAX, |r| r.created_at_ms));
-        oldest.truncate(SHOWN);
-    }
-    Ok((oldest, total, now_ms))
-}
-
 #[derive(Debug, Deserialize)]
 struct Done {
     done: Option<String>,
 }
 
 async fn page(State(app): State<Arc<App>>, Query(done): Query<Done>) -> Response {
-    let (reservations, total, now) = match in_flight(&app.target).await {
-        Ok(r) => r,
-        Err(e) => return unavailable(e),
-    };
-    let stats = match collect_stats(&app.target, app.soon).await {
+    // One walk of the store for both tables.
+    let survey = match survey(&app.target, app.soon, SHOWN).await {
         Ok(s) => s,
         Err(e) => return unavailable(e),
     };
+    let (reservations, total, now, stats) = (
+        &survey.oldest,
+        survey.reserved(),
+        survey.now_ms,
+        &survey.by_op,
+    );
     let facts = store_facts(&app.target).await;
     let mut b = String::new();
     let _ = write!(
@@ -248,7 +235,7 @@ async fn page(State(app): State<Arc<App>>, Query(done): Query<Done>) -> Response
         b.push_str("<th></th>");
     }
     b.push_str("</tr>");
-    for e in &reservations {
+    for e in reservations {
         let Some(r) = &e.record else { continue };
         let Some((op, scope, key)) = StorageKey::parse(e.key.as_str()) else {
             continue;
@@ -277,7 +264,7 @@ async fn page(State(app): State<Arc<App>>, Query(done): Query<Done>) -> Response
         b.push_str("</tr>");
     }
     b.push_str("</table>");
-    stats_table(&mut b, &app, &stats);
+    stats_table(&mut b, &app, stats);
     facts_lines(&mut b, &facts);
     document("idemkit status", &b).into_response()
 }
@@ -349,7 +336,7 @@ fn label(text: &str) -> String {
 
 async fn metrics(State(app): State<Arc<App>>) -> Response {
     let mut out = String::new();
-    let stats = collect_stats(&app.target, app.soon).await;
+    let stats = survey(&app.target, app.soon, 0).await.map(|s| s.by_op);
     let _ = writeln!(
         out,
         "# HELP idemkit_store_up Whether the last scan of the store succeeded.\n# TYPE idemkit_store_up gauge\nidemkit_store_up {}",
