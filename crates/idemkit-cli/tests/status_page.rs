@@ -21,9 +21,11 @@ struct Server {
 }
 
 impl Server {
-    fn start(url: &str, prefix: &str, extra: &[&str]) -> Self {
+    /// `idemkit serve` with `store` (`--store URL` and its naming options) and `extra`.
+    fn start(store: &[&str], extra: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_idemkit"))
-            .args(["serve", "--store", url, "--prefix", prefix])
+            .arg("serve")
+            .args(store)
             .args(["--listen", "127.0.0.1:0"])
             .args(extra)
             .stdout(Stdio::piped())
@@ -161,7 +163,7 @@ async fn the_status_page_in_a_headless_browser() {
     let (page, shot) = tokio::task::spawn_blocking({
         let (url, prefix) = (url.clone(), prefix.clone());
         move || {
-            let server = Server::start(&url, &prefix, &[]);
+            let server = Server::start(&["--store", &url, "--prefix", &prefix], &[]);
             let page = dom(&format!("{}/", server.base));
             let shot = std::env::var_os("IDEMKIT_SCREENSHOT")
                 .map(PathBuf::from)
@@ -248,7 +250,7 @@ async fn the_status_page_in_a_headless_browser() {
     };
     let read_only = tokio::task::spawn_blocking({
         let (url, prefix) = (url.clone(), prefix.clone());
-        move || Server::start(&url, &prefix, &[])
+        move || Server::start(&["--store", &url, "--prefix", &prefix], &[])
     })
     .await
     .unwrap();
@@ -267,7 +269,7 @@ async fn the_status_page_in_a_headless_browser() {
 
     let writable = tokio::task::spawn_blocking({
         let (url, prefix) = (url.clone(), prefix.clone());
-        move || Server::start(&url, &prefix, &["--allow-writes"])
+        move || Server::start(&["--store", &url, "--prefix", &prefix], &["--allow-writes"])
     })
     .await
     .unwrap();
@@ -334,4 +336,81 @@ async fn the_status_page_in_a_headless_browser() {
         "only that one"
     );
     drop(writable);
+}
+
+/// The page and `/metrics` read the same way from PostgreSQL and from a Redis Cluster (the
+/// browser's view of the page is the test above; here its HTML over HTTP).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_and_metrics_on_postgres_and_on_a_cluster() {
+    let pg_url = std::env::var("IDEMKIT_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let (schema, table) = (
+        "idemkit_cli_serve",
+        format!("records_{:x}", fastrand::u32(..)),
+    );
+    let pg = idemkit_postgres::PgStore::builder()
+        .schema(schema)
+        .unwrap()
+        .table(&table)
+        .unwrap()
+        .connect(&pg_url, 2)
+        .await;
+    if !idemkit_test::require_service("postgres", pg.is_ok()) {
+        return;
+    }
+    let pg = pg.unwrap();
+    pg.migrate().await.unwrap();
+    let cluster = idemkit_test::redis_server::Cluster::start();
+    let prefix = format!("idemkit-page-{:x}", fastrand::u64(..));
+    let on_cluster = RedisStore::builder()
+        .prefix(prefix.as_str())
+        .connect_cluster(cluster.urls())
+        .await
+        .unwrap();
+    let op = Operation::new("mail.invoice").unwrap();
+    let key = StorageKey::new(&op, None, &Key::new("order-3.invoice").unwrap());
+    let pg_lease = reserve(&pg, &key).await;
+    let cluster_lease = reserve(&on_cluster, &key).await;
+
+    let cluster_url = format!("redis+cluster://127.0.0.1:{}", cluster.nodes[0].port);
+    let targets: [(Vec<String>, u64); 2] = [
+        (
+            vec![
+                "--store".into(),
+                pg_url,
+                "--schema".into(),
+                schema.into(),
+                "--table".into(),
+                table,
+            ],
+            pg_lease.fencing.get(),
+        ),
+        (
+            vec!["--store".into(), cluster_url, "--prefix".into(), prefix],
+            cluster_lease.fencing.get(),
+        ),
+    ];
+    let http = reqwest::Client::new();
+    for (store, fencing) in targets {
+        let server = tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = store.iter().map(String::as_str).collect();
+            Server::start(&args, &[])
+        })
+        .await
+        .unwrap();
+        let page = text(&http, format!("{}/", server.base)).await;
+        assert!(page.contains("In-flight reservations: 1"), "{page}");
+        let in_flight = rows(&page, "in-flight");
+        assert_eq!(in_flight.len(), 1, "{page}");
+        assert!(in_flight[0].contains("order-3.invoice"), "{page}");
+        assert!(in_flight[0].contains(&fencing.to_string()), "{page}");
+        let metrics = text(&http, format!("{}/metrics", server.base)).await;
+        assert!(metrics.contains("idemkit_store_up 1"), "{metrics}");
+        assert!(
+            metrics
+                .contains("idemkit_store_records{operation=\"mail.invoice\",state=\"reserved\"} 1"),
+            "{metrics}"
+        );
+    }
+    drop(cluster);
 }
