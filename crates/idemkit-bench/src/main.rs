@@ -20,6 +20,8 @@ mod http;
 mod kafka;
 mod measure;
 mod postgres;
+mod publish;
+mod suite;
 
 use measure::{Bench, Row};
 
@@ -109,7 +111,10 @@ async fn peers(url: &str, ops: usize) -> Result<Vec<Row>, String> {
     Ok(rows)
 }
 
-async fn kit_call(store: &idempotency_kit::RedisStore, key: &idempotency_kit::IdempotencyKey) {
+pub(crate) async fn kit_call(
+    store: &idempotency_kit::RedisStore,
+    key: &idempotency_kit::IdempotencyKey,
+) {
     idempotency_kit::IdempotencyExecutor::execute(store, key, TTL, || async {
         Ok::<_, Infallible>(b"1".to_vec())
     })
@@ -117,7 +122,7 @@ async fn kit_call(store: &idempotency_kit::RedisStore, key: &idempotency_kit::Id
     .expect("idempotency-kit call");
 }
 
-async fn idem_call(
+pub(crate) async fn idem_call(
     store: &idempotent::store::valkey::ValkeyStore,
     key: &idempotent::IdempotencyKey,
 ) {
@@ -155,16 +160,38 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     };
     let args = &args.bench;
+    let mut redis_report = None;
+    let mut pg_report = None;
     // One round is idemkit's cases then the peers'; rounds alternate, so a slow spell of the
     // machine falls on every library rather than on one.
     if !args.skip_redis {
-        let result = runtime.block_on(measure::rounds(args.rounds, || async {
-            let mut report = measure::run(&args.store, args.ops, args.workers).await?;
-            report.rows.extend(peers(&args.store, args.ops).await?);
-            Ok(report)
+        let mut round = 0;
+        let result = runtime.block_on(measure::rounds(args.rounds, || {
+            round += 1;
+            let round = round;
+            async move {
+                eprintln!("round {round} of {}: Redis at {}", args.rounds, args.store);
+                let mut report = measure::run(&args.store, args.ops, args.workers).await?;
+                report.rows.extend(peers(&args.store, args.ops).await?);
+                if args.out.is_some() {
+                    let bench = measure::Bench::connect(&args.store).await?;
+                    report
+                        .rows
+                        .push(suite::redis_batches(&bench, &args.store, args.ops).await?);
+                    if let Some(python) = &args.python {
+                        let rows = suite::python_peer(&bench, python, &args.store, args.ops / 10);
+                        report.rows.extend(rows.await?);
+                    }
+                    report.rows.extend(suite::memory(args.ops).await?);
+                }
+                Ok(report)
+            }
         }));
         match result {
-            Ok(report) => print!("{report}"),
+            Ok(report) => {
+                print!("{report}");
+                redis_report = Some(report);
+            }
             Err(e) => {
                 eprintln!("idemkit-bench: {e}");
                 return ExitCode::FAILURE;
@@ -191,13 +218,55 @@ fn main() -> ExitCode {
         }
     }
     if let Some(url) = &args.postgres {
+        eprintln!("PostgreSQL at {url}");
         match runtime.block_on(postgres::run(url, args.ops, args.rounds)) {
-            Ok(report) => print!("\n{report}"),
+            Ok(report) => {
+                print!("\n{report}");
+                pg_report = Some(report);
+            }
             Err(e) => {
                 eprintln!("idemkit-bench: PostgreSQL: {e}");
                 return ExitCode::FAILURE;
             }
         }
     }
+    if let (Some(dir), Some(report)) = (&args.out, &redis_report) {
+        let written = runtime.block_on(async {
+            let bench = measure::Bench::connect(&args.store).await?;
+            let c1 = suite::interleaved_c1(&bench, &args.store, (args.ops / 10).max(100)).await?;
+            let mut bytes = vec![suite::memory_entry_bytes().await?];
+            bytes.extend(
+                suite::redis_record_bytes(&bench, &args.store, args.python.as_deref()).await?,
+            );
+            let meta = publish::Meta {
+                command: std::env::var("IDEMKIT_BENCH_COMMAND")
+                    .unwrap_or_else(|_| std::env::args().collect::<Vec<_>>().join(" ")),
+                redis_version: bench.server_version().await?,
+                postgres_version: match &args.postgres {
+                    Some(url) => Some(postgres::server_version(url).await?),
+                    None => None,
+                },
+                python: args.python.as_ref().map(|p| python_version(p)),
+            };
+            publish::write(dir, &meta, report, &c1, &bytes, pg_report.as_ref())
+                .map_err(|e| format!("{}: {e}", dir.display()))
+        });
+        match written {
+            Ok(()) => eprintln!("wrote {}/results.md and its plots", dir.display()),
+            Err(e) => {
+                eprintln!("idemkit-bench: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     ExitCode::SUCCESS
+}
+
+/// `Python 3.11.7`, as the interpreter says.
+fn python_version(python: &std::path::Path) -> String {
+    std::process::Command::new(python)
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|e| format!("{} ({e})", python.display()))
 }

@@ -62,6 +62,14 @@ pub(crate) struct BenchArgs {
     /// Messages per consumer case.
     #[arg(long, default_value_t = 20_000)]
     pub(crate) kafka_messages: usize,
+    /// Write `results.md` and the plots (SVG) into this directory, and add the cases that
+    /// only the full run has: explicit batches, the MemoryStore, bytes per record.
+    #[arg(long)]
+    pub(crate) out: Option<std::path::PathBuf>,
+    /// A Python interpreter that has `idempotency-kit[redis]==0.5.0` (the Python peer;
+    /// `scripts/bench` makes a throwaway virtual environment for it). Needs `--out`.
+    #[arg(long)]
+    pub(crate) python: Option<std::path::PathBuf>,
 }
 
 /// The client runtime a benchmark runs on: a current-thread runtime for `workers <= 1`
@@ -216,6 +224,22 @@ impl Bench {
         self.raw.clone()
     }
 
+    /// The server's `redis_version`.
+    pub(crate) async fn server_version(&self) -> Result<String, String> {
+        let info = info(&self.raw, "server").await?;
+        Ok(info
+            .lines()
+            .find_map(|l| l.strip_prefix("redis_version:"))
+            .unwrap_or("unknown")
+            .trim()
+            .to_string())
+    }
+
+    /// Redis' CPU seconds so far.
+    pub(crate) async fn redis_cpu(&self) -> Result<f64, String> {
+        redis_cpu(&self.raw).await
+    }
+
     /// Times `ops` calls spread over `concurrency` tasks, and counts the client commands
     /// one call sends on a sequential sample of 20 calls.
     ///
@@ -233,6 +257,7 @@ impl Bench {
         F: Fn(usize) -> Fut + Clone + Send + 'static,
         Fut: Future<Output = ()> + Send,
     {
+        eprintln!("  {case}, c={concurrency}, {ops} calls");
         let commands_per_call = self.count_commands(20, call.clone()).await?;
         let before = commandstats(&self.raw).await?;
         let cpu_before = redis_cpu(&self.raw).await?;
@@ -274,7 +299,7 @@ impl Bench {
 
     /// Client commands per call, read from `MONITOR` (lines of commands run by scripts are
     /// marked `lua` there and skipped).
-    async fn count_commands<F, Fut>(&self, calls: usize, call: F) -> Result<f64, String>
+    pub(crate) async fn count_commands<F, Fut>(&self, calls: usize, call: F) -> Result<f64, String>
     where
         F: Fn(usize) -> Fut,
         Fut: Future<Output = ()>,
@@ -298,7 +323,10 @@ impl Bench {
                         let _ = started_tx.send(true);
                     } else if line.contains(&end) {
                         break;
-                    } else if *started_tx.borrow() && !line.contains(" lua]") {
+                    } else if *started_tx.borrow()
+                        && !line.contains(" lua]")
+                        && !CONNECTION_SETUP.iter().any(|c| line.contains(c))
+                    {
                         commands += 1;
                     }
                 }
@@ -326,6 +354,10 @@ impl Bench {
         Ok(commands as f64 / calls as f64)
     }
 }
+
+/// Commands a client sends when it opens a connection (redis-py's `CLIENT SETINFO`), not
+/// per call: a child process's calls are counted with its connection's opening.
+const CONNECTION_SETUP: [&str; 3] = ["\"CLIENT\"", "\"client\"", "\"HELLO\""];
 
 /// Runs the benchmark against a Redis URL with `ops` operations per concurrent case:
 /// the floor, idemkit's hit and miss paths, and waiter wake-ups.

@@ -437,3 +437,19 @@ impl std::fmt::Display for PgReport {
         Ok(())
     }
 }
+
+/// The server's `server_version`.
+///
+/// # Errors
+///
+/// The server cannot be reached.
+pub(crate) async fn server_version(url: &str) -> Result<String, String> {
+    use sqlx::Connection as _;
+    let mut conn = sqlx::PgConnection::connect(url)
+        .await
+        .map_err(|e| e.to_string())?;
+    sqlx::query_scalar("SHOW server_version")
+        .fetch_one(&mut conn)
+        .await
+        .map_err(|e| e.to_string())
+}

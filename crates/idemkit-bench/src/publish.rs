@@ -1,0 +1,505 @@
+//! Writing one run's results: `results.md` (the machine, the versions, the command, every
+//! table, and the ratios against the targets) and the plots as SVG, into one directory that
+//! `docs/benchmarks.md` embeds.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::measure::{Report, Row};
+use crate::postgres::PgReport;
+use crate::suite::RecordBytes;
+
+/// What the run was, for the reader of the results.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Meta {
+    pub(crate) command: String,
+    pub(crate) redis_version: String,
+    pub(crate) postgres_version: Option<String>,
+    pub(crate) python: Option<String>,
+}
+
+/// Writes `results.md` and the SVG plots into `dir`.
+///
+/// # Errors
+///
+/// The directory cannot be written.
+pub(crate) fn write(
+    dir: &Path,
+    meta: &Meta,
+    report: &Report,
+    c1: &[(&'static str, Vec<Duration>)],
+    bytes: &[RecordBytes],
+    pg: Option<&PgReport>,
+) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let plots = plots(report, c1, bytes);
+    for (file, svg) in &plots {
+        std::fs::write(dir.join(file), svg)?;
+    }
+    std::fs::write(
+        dir.join("results.md"),
+        markdown(meta, report, c1, bytes, pg, &plots),
+    )
+}
+
+fn find<'a>(report: &'a Report, case: &str, concurrency: usize) -> Option<&'a Row> {
+    report
+        .rows
+        .iter()
+        .find(|r| r.case == case && r.concurrency == concurrency)
+}
+
+fn ops(report: &Report, case: &str, concurrency: usize) -> Option<f64> {
+    find(report, case, concurrency).map(|r| r.ops_per_sec)
+}
+
+/// A percentile of an interleaved case's sorted latencies, µs.
+fn c1_us(c1: &[(&'static str, Vec<Duration>)], case: &str, p: usize) -> Option<f64> {
+    let (_, l) = c1.iter().find(|(name, l)| *name == case && !l.is_empty())?;
+    Some(l[(l.len() * p / 100).min(l.len() - 1)].as_secs_f64() * 1e6)
+}
+
+/// One line of the targets table: what, the measured ratio, the target, met or not.
+struct Target {
+    what: String,
+    measured: String,
+    target: &'static str,
+    met: Option<bool>,
+}
+
+fn targets(report: &Report, c1: &[(&'static str, Vec<Duration>)]) -> Vec<Target> {
+    let mut out = Vec::new();
+    let mut ratio = |what: String, num: Option<f64>, den: Option<f64>, target, at_least: f64| {
+        if let (Some(n), Some(d)) = (num, den) {
+            let r = n / d;
+            out.push(Target {
+                what,
+                measured: format!("{r:.2}× ({n:.0} / {d:.0})"),
+                target,
+                met: Some(r >= at_least),
+            });
+        }
+    };
+    for (kind, target, at_least) in [("miss", "≥ 1.30×", 1.3), ("hit", "≥ 1.50×", 1.5)] {
+        let ik = ops(report, &format!("idempotency-kit {kind}"), 64);
+        let idem = ops(report, &format!("idempotent {kind}"), 64);
+        let fastest = match (ik, idem) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        ratio(
+            format!("c=64 {kind}es/s: idemkit / the fastest Rust peer").replace("hites", "hits"),
+            ops(report, &format!("idemkit {kind}"), 64),
+            fastest,
+            target,
+            at_least,
+        );
+    }
+    for kind in ["hit", "miss"] {
+        ratio(
+            format!("c=64 {kind}es/s: idemkit / idempotency-kit (Python)").replace("hites", "hits"),
+            ops(report, &format!("idemkit {kind}"), 64),
+            ops(report, &format!("idempotency-kit (Python) {kind}"), 64),
+            "≥ 45×",
+            45.0,
+        );
+    }
+    let get = c1_us(c1, "floor: GET", 50);
+    if let (Some(hit), Some(get)) = (c1_us(c1, "idemkit hit", 50), get) {
+        let r = hit / get;
+        out.push(Target {
+            what: "c=1 hit p50 / one GET's p50 (interleaved)".into(),
+            measured: format!("{r:.2}× ({hit:.1} / {get:.1} µs)"),
+            target: "≤ 1.30×",
+            met: Some(r <= 1.3),
+        });
+    }
+    if let (Some(miss), Some(get)) = (c1_us(c1, "idemkit miss", 50), get) {
+        let r = miss / (2.0 * get);
+        out.push(Target {
+            what: "c=1 miss p50 / two GETs' p50 (interleaved)".into(),
+            measured: format!("{r:.2}× ({miss:.1} / 2 × {get:.1} µs)"),
+            target: "≤ 1.30×",
+            met: Some(r <= 1.3),
+        });
+    }
+    for (case, limit_ns, target) in [
+        ("idemkit MemoryStore hit", 300.0, "≤ 300 ns"),
+        ("idemkit MemoryStore miss", 1000.0, "≤ 1 µs"),
+    ] {
+        if let Some(o) = ops(report, case, 1) {
+            let ns = 1e9 / o;
+            out.push(Target {
+                what: format!("{case}, one task (wall time per call, timing included)"),
+                measured: format!("{ns:.0} ns"),
+                target,
+                met: Some(ns <= limit_ns),
+            });
+        }
+    }
+    out.push(Target {
+        what: "Redis instructions per miss, coalesced at c=64 / per key in a batch of 64".into(),
+        measured: "`scripts/redis-instructions` (callgrind), not part of this run".into(),
+        target: "≤ 45k / ≤ 25k",
+        met: None,
+    });
+    out
+}
+
+fn num(v: f64, decimals: usize) -> String {
+    if v.is_nan() {
+        "-".into()
+    } else {
+        format!("{v:.decimals$}")
+    }
+}
+
+fn markdown(
+    meta: &Meta,
+    report: &Report,
+    c1: &[(&'static str, Vec<Duration>)],
+    bytes: &[RecordBytes],
+    pg: Option<&PgReport>,
+    plots: &[(&'static str, String)],
+) -> String {
+    let mut s = String::new();
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines().find_map(|l| {
+                l.strip_prefix("model name")
+                    .map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())
+            })
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let _ = writeln!(s, "# Benchmark results\n");
+    let _ = writeln!(
+        s,
+        "Written by `idemkit-bench`; do not edit. `docs/benchmarks.md` explains each case.\n"
+    );
+    let _ = writeln!(s, "- **Command:** `{}`", meta.command);
+    let _ = writeln!(
+        s,
+        "- **Machine:** {cores} cores, {cpu}, Linux {}",
+        kernel.trim()
+    );
+    let _ = writeln!(
+        s,
+        "- **Versions:** idemkit {}, Redis {}{}, idempotency-kit 1.0.1 and idempotent 0.3.0 (Rust){}",
+        env!("CARGO_PKG_VERSION"),
+        meta.redis_version,
+        meta.postgres_version
+            .as_ref()
+            .map_or(String::new(), |v| format!(", PostgreSQL {v}")),
+        meta.python
+            .as_ref()
+            .map_or(String::new(), |p| format!(", idempotency-kit 0.5.0 on {p}")),
+    );
+    let _ = writeln!(
+        s,
+        "- **Client:** {} tokio worker thread(s) for every library; each row is the round with the median throughput of {} interleaved round(s).\n",
+        report.workers, report.rounds
+    );
+
+    let get = c1_us(c1, "floor: GET", 50);
+    let _ = writeln!(s, "## Against the targets\n");
+    let _ = writeln!(s, "| ratio | measured | target | met |\n|---|---|---|---|");
+    for t in targets(report, c1) {
+        let met = match t.met {
+            Some(true) => "yes",
+            Some(false) => "**no**",
+            None => "see docs/benchmarks.md",
+        };
+        let _ = writeln!(s, "| {} | {} | {} | {met} |", t.what, t.measured, t.target);
+    }
+
+    let _ = writeln!(s, "\n## Every case\n");
+    let _ = writeln!(
+        s,
+        "`cmd/call`: client commands per call (Redis `MONITOR`); `redis cpu`: Redis' CPU per call, µs (`INFO cpu`); `busy`: Redis' CPU over the case's wall time. `-`: not a Redis case.\n"
+    );
+    let _ = writeln!(
+        s,
+        "| case | conc | ops/s | p50 µs | p99 µs | cmd/call | redis cpu µs | busy |\n|---|---|---|---|---|---|---|---|"
+    );
+    for r in &report.rows {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {:.0} | {:.1} | {:.1} | {} | {} | {} |",
+            r.case,
+            r.concurrency,
+            r.ops_per_sec,
+            r.p50.as_secs_f64() * 1e6,
+            r.p99.as_secs_f64() * 1e6,
+            num(r.commands_per_call, 2),
+            num(r.redis_cpu_usec_per_call, 2),
+            if r.redis_busy.is_nan() {
+                "-".into()
+            } else {
+                format!("{:.0}%", r.redis_busy * 100.0)
+            },
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nThe batch row's p50 and p99 are per batch of 64. Waiter wake-up (owner's action returns → waiter returns), {} trials: p50 {:.0} µs, p95 {:.0} µs.",
+        report.wakeups.len(),
+        pct(report, 50),
+        pct(report, 95)
+    );
+
+    let _ = writeln!(
+        s,
+        "\n## Concurrency 1, interleaved\n\nEach case's calls in turns of 20 with the other cases', so that every case meets the same stretches of this VM's wake-up latency. Ratios are to one `GET`.\n"
+    );
+    let _ = writeln!(
+        s,
+        "| case | calls | p50 µs | p99 µs | p50 / GET |\n|---|---|---|---|---|"
+    );
+    for (case, l) in c1 {
+        let (Some(p50), Some(p99)) = (c1_us(c1, case, 50), c1_us(c1, case, 99)) else {
+            continue;
+        };
+        let _ = writeln!(
+            s,
+            "| {case} | {} | {p50:.1} | {p99:.1} | {} |",
+            l.len(),
+            get.map_or("-".into(), |g| format!("{:.2}", p50 / g))
+        );
+    }
+
+    let _ = writeln!(s, "\n## Bytes per stored record (a 100-byte result)\n");
+    let _ = writeln!(
+        s,
+        "| library | keys per record | bytes per record |\n|---|---|---|"
+    );
+    for b in bytes {
+        let _ = writeln!(
+            s,
+            "| {} | {:.2} | {:.0} |",
+            b.library, b.keys_per_record, b.bytes
+        );
+    }
+    if let Some(pg) = pg {
+        let _ = writeln!(s, "\n## PostgreSQL\n\n```text\n{pg}```");
+    }
+    let _ = writeln!(s, "\n## Plots\n");
+    for (file, _) in plots {
+        let _ = writeln!(s, "![{file}]({file})\n");
+    }
+    s
+}
+
+fn pct(report: &Report, p: usize) -> f64 {
+    let w = &report.wakeups;
+    if w.is_empty() {
+        return f64::NAN;
+    }
+    w[(w.len() * p / 100).min(w.len() - 1)].as_secs_f64() * 1e6
+}
+
+/// The libraries in the plots, in order: (label, case prefix).
+const LIBRARIES: [(&str, &str); 7] = [
+    ("floor: GET", "floor: GET"),
+    ("idemkit", "idemkit"),
+    ("idemkit, coalescing off", "idemkit miss, coalescing off"),
+    ("idemkit, batches of 64", "idemkit miss, batches of 64"),
+    ("idempotency-kit (Rust)", "idempotency-kit"),
+    ("idempotent (Rust)", "idempotent"),
+    ("idempotency-kit (Python)", "idempotency-kit (Python)"),
+];
+
+fn series(report: &Report, concurrency: usize, value: impl Fn(&Row) -> f64) -> Vec<Bar> {
+    let mut bars = Vec::new();
+    for (label, prefix) in LIBRARIES {
+        let cases: Vec<(String, &'static str)> = if prefix.starts_with("floor") {
+            vec![(prefix.to_string(), "floor")]
+        } else if prefix.contains(" miss") {
+            vec![(prefix.to_string(), "miss")]
+        } else {
+            vec![
+                (format!("{prefix} hit"), "hit"),
+                (format!("{prefix} miss"), "miss"),
+            ]
+        };
+        for (case, kind) in cases {
+            if let Some(r) = find(report, &case, concurrency) {
+                bars.push(Bar {
+                    label: label.to_string(),
+                    kind,
+                    value: value(r),
+                });
+            }
+        }
+    }
+    bars
+}
+
+fn plots(
+    report: &Report,
+    c1: &[(&'static str, Vec<Duration>)],
+    bytes: &[RecordBytes],
+) -> Vec<(&'static str, String)> {
+    let mut latency = Vec::new();
+    for (case, _) in c1 {
+        let (label, kind) = match case.rsplit_once(' ') {
+            Some((lib, k @ ("hit" | "miss"))) => (lib, k),
+            _ => (*case, "floor"),
+        };
+        latency.push(Bar {
+            label: label.to_string(),
+            kind,
+            value: c1_us(c1, case, 50).unwrap_or(f64::NAN),
+        });
+    }
+    let mut out = vec![
+        (
+            "redis-throughput-c64.svg",
+            chart(
+                "Redis, 64 concurrent calls: calls per second (higher is better)",
+                "calls/s",
+                &series(report, 64, |r| r.ops_per_sec),
+            ),
+        ),
+        (
+            "redis-latency-c1.svg",
+            chart(
+                "Redis, one call at a time (cases interleaved): median latency, µs (lower is better)",
+                "µs",
+                &latency,
+            ),
+        ),
+        (
+            "redis-cpu-c64.svg",
+            chart(
+                "Redis' CPU per call at concurrency 64, µs (lower is better)",
+                "µs",
+                &series(report, 64, |r| r.redis_cpu_usec_per_call),
+            ),
+        ),
+    ];
+    let bars: Vec<Bar> = bytes
+        .iter()
+        .map(|b| Bar {
+            label: b.library.to_string(),
+            kind: "bytes",
+            value: b.bytes,
+        })
+        .collect();
+    out.push((
+        "record-bytes.svg",
+        chart(
+            "Bytes per stored record, 100-byte result (lower is better)",
+            "bytes",
+            &bars,
+        ),
+    ));
+    out
+}
+
+struct Bar {
+    label: String,
+    kind: &'static str,
+    value: f64,
+}
+
+fn color(kind: &str) -> &'static str {
+    match kind {
+        "hit" => "#4c78a8",
+        "miss" => "#f58518",
+        "floor" => "#9d9d9d",
+        _ => "#54a24b",
+    }
+}
+
+/// A horizontal bar chart: one bar per row, coloured by kind, its value written beside it.
+fn chart(title: &str, unit: &str, bars: &[Bar]) -> String {
+    const LEFT: f64 = 200.0;
+    const WIDTH: f64 = 900.0;
+    const ROW: f64 = 22.0;
+    const TOP: f64 = 56.0;
+    let max = bars
+        .iter()
+        .map(|b| b.value)
+        .filter(|v| v.is_finite())
+        .fold(0.0, f64::max)
+        .max(f64::MIN_POSITIVE);
+    let plot = WIDTH - LEFT - 110.0;
+    let height = TOP + ROW * bars.len() as f64 + 20.0;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="10" y="20" font-size="15" font-weight="bold">{}</text>"#,
+        escape(title)
+    );
+    let mut kinds: Vec<&str> = bars.iter().map(|b| b.kind).collect();
+    kinds.dedup();
+    kinds.sort_unstable();
+    kinds.dedup();
+    for (i, kind) in kinds.iter().enumerate() {
+        let x = 10.0 + 90.0 * i as f64;
+        let _ = writeln!(
+            s,
+            r#"<rect x="{x}" y="30" width="12" height="12" fill="{}"/><text x="{}" y="40">{kind}</text>"#,
+            color(kind),
+            x + 16.0
+        );
+    }
+    let mut previous = "";
+    for (i, b) in bars.iter().enumerate() {
+        let y = TOP + ROW * i as f64;
+        if b.label != previous {
+            let _ = writeln!(
+                s,
+                r#"<text x="{}" y="{}" text-anchor="end">{}</text>"#,
+                LEFT - 8.0,
+                y + 15.0,
+                escape(&b.label)
+            );
+            previous = &b.label;
+        }
+        let w = if b.value.is_finite() {
+            (b.value / max * plot).max(1.0)
+        } else {
+            0.0
+        };
+        let _ = writeln!(
+            s,
+            r#"<rect x="{LEFT}" y="{}" width="{w:.1}" height="{}" fill="{}"/><text x="{}" y="{}">{} {unit}</text>"#,
+            y + 3.0,
+            ROW - 6.0,
+            color(b.kind),
+            LEFT + w + 6.0,
+            y + 15.0,
+            human(b.value)
+        );
+    }
+    let _ = writeln!(s, "</svg>");
+    s
+}
+
+fn human(v: f64) -> String {
+    if !v.is_finite() {
+        "-".into()
+    } else if v >= 10_000.0 {
+        format!("{:.1}k", v / 1000.0)
+    } else if v >= 100.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
