@@ -7,6 +7,9 @@
 //! ```text
 //! cargo run --release -p idemkit-bench --example redis_load -- PORT coalesced|single|batch N
 //! ```
+//!
+//! `REDIS_LOAD_THREADS=1` runs the client on a current-thread runtime (default: 2 threads);
+//! `REDIS_LOAD_CONNECTIONS=N` sets the store's connections (default 2).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -23,15 +26,35 @@ async fn miss(c: &Coordinator<RedisStore>, op: &Operation, k: &Key) {
         .expect("a first delivery runs");
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    // Client threads: 2 by default; 1 is a current-thread runtime, as `idemkit-bench
+    // --workers 1` runs every library.
+    let threads: usize = std::env::var("REDIS_LOAD_THREADS").map_or(Ok(2), |t| t.parse())?;
+    let runtime = if threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()?
+    };
+    runtime.block_on(load(args))
+}
+
+async fn load(args: Vec<String>) -> Result<(), Box<dyn std::error::Error>> {
     let [port, mode, n] = <[String; 3]>::try_from(args)
         .map_err(|_| "usage: redis_load PORT coalesced|single|batch N")?;
     let n: usize = n.parse()?;
+    // Connections the store spreads calls over (default: the store's default).
+    let connections: usize =
+        std::env::var("REDIS_LOAD_CONNECTIONS").map_or(Ok(2), |c| c.parse())?;
     let store = RedisStore::builder()
         .prefix(format!("load-{:x}", fastrand::u64(..)))
         .coalesce(mode != "single")
+        .connections(connections)
         .connect(&format!("redis://127.0.0.1:{port}"))
         .await?;
     let c = Coordinator::new(store);

@@ -53,6 +53,26 @@ pub(crate) struct CompleteJob {
     pub(crate) reply: oneshot::Sender<Result<Value, StoreError>>,
 }
 
+/// One connection of a single-server store with its two queues. Every command about a key
+/// goes through the key's lane (chosen by its hash tag), so a key's commands reach Redis in
+/// the order they were sent, as on one connection; different lanes let Redis run one
+/// connection's commands while the client reads another's replies (ARCHITECTURE row 35).
+pub(crate) struct Lane {
+    pub(crate) conn: crate::conn::Conn,
+    pub(crate) begins: Coalescer<BeginJob>,
+    pub(crate) completes: Coalescer<CompleteJob>,
+}
+
+impl Lane {
+    pub(crate) fn new(conn: crate::conn::Conn) -> Self {
+        Lane {
+            conn,
+            begins: Coalescer::default(),
+            completes: Coalescer::default(),
+        }
+    }
+}
+
 /// The queue of one kind of call, and how many calls of that kind are on the wire.
 pub(crate) struct Coalescer<J> {
     state: Mutex<State<J>>,
@@ -140,10 +160,11 @@ pub(crate) enum Kind {
 }
 
 impl Kind {
-    fn done(self, store: &RedisStore) {
+    fn done(self, store: &RedisStore, lane: usize) {
+        let lane = &store.shared.lanes[lane];
         match self {
-            Kind::Begin => store.shared.begins.done(),
-            Kind::Complete => store.shared.completes.done(),
+            Kind::Begin => lane.begins.done(),
+            Kind::Complete => lane.completes.done(),
         }
     }
 }
@@ -152,11 +173,12 @@ impl Kind {
 pub(crate) struct Lead<'a> {
     pub(crate) store: &'a RedisStore,
     pub(crate) kind: Kind,
+    pub(crate) lane: usize,
 }
 
 impl Drop for Lead<'_> {
     fn drop(&mut self) {
-        self.kind.done(self.store);
+        self.kind.done(self.store, self.lane);
     }
 }
 
@@ -165,27 +187,30 @@ impl Drop for Lead<'_> {
 struct Unsent<'a> {
     store: &'a RedisStore,
     kind: Kind,
+    lane: usize,
     armed: bool,
 }
 
 impl Drop for Unsent<'_> {
     fn drop(&mut self) {
         if self.armed {
+            let lane = &self.store.shared.lanes[self.lane];
             match self.kind {
-                Kind::Begin => self.store.shared.begins.abandon(),
-                Kind::Complete => self.store.shared.completes.abandon(),
+                Kind::Begin => lane.begins.abandon(),
+                Kind::Complete => lane.completes.abandon(),
             }
         }
     }
 }
 
-/// Spawns the flush task of `kind` (the first queued call does, once per flush).
-pub(crate) fn spawn_flush(store: &RedisStore, kind: Kind) {
+/// Spawns the flush task of `kind` on `lane` (the first queued call does, once per flush).
+pub(crate) fn spawn_flush(store: &RedisStore, kind: Kind, lane: usize) {
     let store = store.clone();
     tokio::spawn(async move {
         let unsent = Unsent {
             store: &store,
             kind,
+            lane,
             armed: true,
         };
         // Let the tasks that are ready queue their calls first: without this yield a
@@ -196,26 +221,28 @@ pub(crate) fn spawn_flush(store: &RedisStore, kind: Kind) {
         unsent.armed = false;
         match kind {
             Kind::Begin => {
-                for batch in store.shared.begins.take_all() {
+                for batch in store.shared.lanes[lane].begins.take_all() {
                     let store = store.clone();
                     tokio::spawn(async move {
                         let _lead = Lead {
                             store: &store,
                             kind,
+                            lane,
                         };
-                        send_begins(&store, batch).await;
+                        send_begins(&store, lane, batch).await;
                     });
                 }
             }
             Kind::Complete => {
-                for batch in store.shared.completes.take_all() {
+                for batch in store.shared.lanes[lane].completes.take_all() {
                     let store = store.clone();
                     tokio::spawn(async move {
                         let _lead = Lead {
                             store: &store,
                             kind,
+                            lane,
                         };
-                        send_completes(&store, batch).await;
+                        send_completes(&store, lane, batch).await;
                     });
                 }
             }
@@ -249,7 +276,7 @@ fn answer<J>(
     }
 }
 
-async fn send_begins(store: &RedisStore, mut jobs: Vec<BeginJob>) {
+async fn send_begins(store: &RedisStore, lane: usize, mut jobs: Vec<BeginJob>) {
     // `begin_many.lua` takes one lease per call: one call per lease (nearly always one).
     while !jobs.is_empty() {
         let lease = jobs[0].lease_ms;
@@ -267,12 +294,17 @@ async fn send_begins(store: &RedisStore, mut jobs: Vec<BeginJob>) {
             cmd.arg(&j.owner[..])
                 .arg(j.fingerprint.as_ref().map_or(&[][..], |f| &f[..]));
         }
-        let reply = query_loading(&mut store.conn.clone(), &cmd, &scripts::BEGIN_MANY).await;
+        let reply = query_loading(
+            &mut store.shared.lanes[lane].conn.clone(),
+            &cmd,
+            &scripts::BEGIN_MANY,
+        )
+        .await;
         answer(same, reply, |j| j.reply);
     }
 }
 
-async fn send_completes(store: &RedisStore, jobs: Vec<CompleteJob>) {
+async fn send_completes(store: &RedisStore, lane: usize, jobs: Vec<CompleteJob>) {
     let mut cmd = Cmd::with_capacity(3 + 4 * jobs.len(), 96 * jobs.len());
     cmd.arg("EVALSHA")
         .arg(scripts::COMPLETE_MANY.script.get_hash())
@@ -288,7 +320,12 @@ async fn send_completes(store: &RedisStore, jobs: Vec<CompleteJob>) {
         tail.extend_from_slice(&j.bytes);
         cmd.arg(&j.lease[..]).arg(j.ttl_ms).arg(tail);
     }
-    let reply = query_loading(&mut store.conn.clone(), &cmd, &scripts::COMPLETE_MANY).await;
+    let reply = query_loading(
+        &mut store.shared.lanes[lane].conn.clone(),
+        &cmd,
+        &scripts::COMPLETE_MANY,
+    )
+    .await;
     answer(jobs, reply, |j| j.reply);
 }
 

@@ -22,6 +22,27 @@ pub(crate) fn key_for(prefix: &str, key: &StorageKey) -> String {
     out
 }
 
+/// The lane (connection) of a Redis key built by [`key_for`] with a prefix of `prefix_len`
+/// bytes, out of `lanes`: the last hex digit of its hash tag, so a key always takes the same
+/// lane and keys spread evenly.
+pub(crate) fn lane(prefix_len: usize, redis_key: &str, lanes: usize) -> usize {
+    if lanes <= 1 {
+        return 0;
+    }
+    // `{prefix}:{` then 16 hex digits: the last one is at prefix_len + 17.
+    let digit = redis_key
+        .as_bytes()
+        .get(prefix_len + 17)
+        .copied()
+        .unwrap_or(0);
+    let value = match digit {
+        b'0'..=b'9' => digit - b'0',
+        b'a'..=b'f' => digit - b'a' + 10,
+        _ => 0,
+    };
+    usize::from(value) % lanes
+}
+
 /// The wake-up channel of a record: same hash tag (the first `{...}`), hence the same slot.
 pub(crate) fn channel(redis_key: &str) -> String {
     format!("{redis_key}:wake")
@@ -94,6 +115,30 @@ mod tests {
         assert_eq!(ms(Duration::MAX), max);
         assert_eq!(ms(Duration::from_secs(u64::MAX)), max);
         assert!(max < i64::MAX as u64 / 1_000);
+    }
+
+    #[test]
+    fn a_key_keeps_its_lane_and_keys_spread_over_the_lanes() {
+        let op = idemkit_core::Operation::new("mail.invoice").unwrap();
+        for lanes in [2, 3, 4] {
+            let mut per_lane = vec![0usize; lanes];
+            for i in 0..3_000 {
+                let k = idemkit_core::Key::new(format!("order-{i}")).unwrap();
+                let rkey = key_for("billing", &StorageKey::new(&op, None, &k));
+                let lane = lane("billing".len(), &rkey, lanes);
+                // The last hex digit of the tag, as the key shows it.
+                let tag = &rkey["billing:{".len().."billing:{".len() + 16];
+                let last = u8::from_str_radix(&tag[15..], 16).unwrap();
+                assert_eq!(lane, usize::from(last) % lanes, "{rkey}");
+                per_lane[lane] += 1;
+            }
+            // 16 digits over `lanes` lanes: no lane gets under half its share.
+            assert!(
+                per_lane.iter().all(|&n| n > 3_000 / lanes / 2),
+                "{lanes} lanes: {per_lane:?}"
+            );
+        }
+        assert_eq!(lane(7, "billing:{0123456789abcdef}:k", 1), 0);
     }
 
     #[test]

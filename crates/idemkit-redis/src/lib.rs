@@ -60,7 +60,7 @@ mod wake;
 
 pub use builder::{EvictionCheck, RedisStoreBuilder};
 
-use coalesce::{BeginJob, Coalescer, CompleteJob, Entered, Kind, Lead};
+use coalesce::{BeginJob, CompleteJob, Entered, Kind, Lane, Lead};
 use conn::Conn;
 use durable::Durable;
 use errors::{decode, int, map_err, owner_checked, unexpected};
@@ -103,9 +103,10 @@ struct Shared {
     call_timeout: Option<Duration>,
     /// Whether concurrent begins and completes are coalesced (see `coalesce`).
     coalesce: bool,
-    /// The queues of coalesced calls: one per connection, shared by every prefix on it.
-    begins: Arc<Coalescer<BeginJob>>,
-    completes: Arc<Coalescer<CompleteJob>>,
+    /// The connections calls go out on, each with its queues of coalesced calls, shared by
+    /// every prefix on them: a key's lane is picked by its hash tag (`keys::lane`). The
+    /// first lane's connection is `RedisStore::conn`, which also carries the subscriptions.
+    lanes: Arc<[Lane]>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -128,12 +129,17 @@ impl std::fmt::Debug for RedisStore {
 impl RedisStore {
     fn new(
         conn: Conn,
+        more: Vec<Conn>,
         prefix: String,
         durable: Option<Durable>,
         waiters: Arc<Waiters>,
         call_timeout: Option<Duration>,
         coalesce: bool,
     ) -> Self {
+        let lanes = std::iter::once(conn.clone())
+            .chain(more)
+            .map(Lane::new)
+            .collect();
         RedisStore {
             conn,
             shared: Arc::new(Shared {
@@ -143,10 +149,19 @@ impl RedisStore {
                 pubsub: Arc::default(),
                 call_timeout,
                 coalesce,
-                begins: Arc::default(),
-                completes: Arc::default(),
+                lanes,
             }),
         }
+    }
+
+    /// The connection of a Redis key's lane.
+    pub(crate) fn lane_conn(&self, rkey: &str) -> Conn {
+        self.shared.lanes[self.lane(rkey)].conn.clone()
+    }
+
+    /// The lane of a Redis key of this store (see `Shared::lanes`).
+    fn lane(&self, rkey: &str) -> usize {
+        keys::lane(self.shared.prefix.len(), rkey, self.shared.lanes.len())
     }
 
     /// Connects to one server with the default settings.
@@ -183,8 +198,7 @@ impl RedisStore {
                 pubsub: self.shared.pubsub.clone(),
                 call_timeout: self.shared.call_timeout,
                 coalesce: self.shared.coalesce,
-                begins: self.shared.begins.clone(),
-                completes: self.shared.completes.clone(),
+                lanes: self.shared.lanes.clone(),
             }),
         }
     }
@@ -279,7 +293,7 @@ impl RedisStore {
         rkey: &str,
         args: impl FnOnce(&mut Cmd),
     ) -> Result<T, StoreError> {
-        eval_on(&mut self.conn.clone(), lua, rkey, args).await
+        eval_on(&mut self.lane_conn(rkey), lua, rkey, args).await
     }
 
     /// A script that writes, then the durability guard's `WAIT` if `needs_wait` says the
@@ -436,7 +450,8 @@ impl Store for RedisStore {
         let fingerprint = req.fingerprint.map(|f| f.to_bytes());
         let _lead = if self.shared.coalesce {
             let mut queued = None;
-            let lead = self.shared.begins.enter(|| {
+            let lane = self.lane(&rkey);
+            let lead = self.shared.lanes[lane].begins.enter(|| {
                 let (reply, answer) = tokio::sync::oneshot::channel();
                 queued = Some(answer);
                 let mut owner = [0u8; 17];
@@ -454,10 +469,11 @@ impl Store for RedisStore {
                 Entered::Lead => Some(Lead {
                     store: self,
                     kind: Kind::Begin,
+                    lane,
                 }),
                 Entered::Queued { spawn_flush } => {
                     if spawn_flush {
-                        coalesce::spawn_flush(self, Kind::Begin);
+                        coalesce::spawn_flush(self, Kind::Begin, lane);
                     }
                     let answer = queued.expect("queued");
                     return claim_of(req, coalesce::wait(answer).await?);
@@ -601,7 +617,8 @@ impl Store for RedisStore {
         let rkey = self.redis_key(key);
         let _lead = if self.shared.coalesce {
             let mut queued = None;
-            let lead = self.shared.completes.enter(|| {
+            let lane = self.lane(&rkey);
+            let lead = self.shared.lanes[lane].completes.enter(|| {
                 let (reply, answer) = tokio::sync::oneshot::channel();
                 queued = Some(answer);
                 let mut lease_bytes = [0u8; 24];
@@ -620,10 +637,11 @@ impl Store for RedisStore {
                 Entered::Lead => Some(Lead {
                     store: self,
                     kind: Kind::Complete,
+                    lane,
                 }),
                 Entered::Queued { spawn_flush } => {
                     if spawn_flush {
-                        coalesce::spawn_flush(self, Kind::Complete);
+                        coalesce::spawn_flush(self, Kind::Complete, lane);
                     }
                     let answer = queued.expect("queued");
                     return owner_checked(int(Some(&coalesce::wait(answer).await?))?);
@@ -722,7 +740,7 @@ impl Store for RedisStore {
         let mut pipe = Pipeline::new();
         pipe.cmd("TIME").get(&rkey).pttl(&rkey);
         let ((secs, micros), bytes, pttl): ((u64, u64), Option<Vec<u8>>, i64) = pipe
-            .query_async(&mut self.conn.clone())
+            .query_async(&mut self.lane_conn(&rkey))
             .await
             .map_err(map_err)?;
         match bytes {
@@ -739,12 +757,13 @@ impl RawStore for RedisStore {
         bytes: Bytes,
         ttl: Duration,
     ) -> Result<(), StoreError> {
+        let rkey = self.redis_key(key);
         redis::cmd("SET")
-            .arg(self.redis_key(key))
+            .arg(&rkey)
             .arg(&bytes[..])
             .arg("PX")
             .arg(ms(ttl))
-            .query_async::<()>(&mut self.conn.clone())
+            .query_async::<()>(&mut self.lane_conn(&rkey))
             .await
             .map_err(map_err)
     }
@@ -758,7 +777,7 @@ impl RawStore for RedisStore {
             .arg("")
             .ignore();
         let (deleted,): (i64,) = pipe
-            .query_async(&mut self.conn.clone())
+            .query_async(&mut self.lane_conn(&rkey))
             .await
             .map_err(map_err)?;
         Ok(deleted > 0)

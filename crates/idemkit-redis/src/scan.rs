@@ -244,7 +244,8 @@ impl Scan for RedisStore {
             Conn::Cluster(_) => &scripts::REMOVE_SHARDED,
             _ => &scripts::REMOVE,
         };
-        let removed: i64 = eval_on(&mut self.conn.clone(), lua, &self.redis_key(key), |cmd| {
+        let rkey = self.redis_key(key);
+        let removed: i64 = eval_on(&mut self.lane_conn(&rkey), lua, &rkey, |cmd| {
             cmd.arg(&fencing.get().to_be_bytes()[..]);
         })
         .await?;

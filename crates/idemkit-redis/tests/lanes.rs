@@ -1,0 +1,86 @@
+//! A single-server store spreads its calls over its connections (`RedisStoreBuilder::
+//! connections`), on a Redis server this test owns: every connection the store opened runs
+//! scripts once calls race, and a key's calls keep their order (each key takes one lane).
+
+mod support;
+
+use std::time::Duration;
+
+use idemkit_core::{Coordinator, Key, Operation};
+use idemkit_redis::RedisStore;
+use support::RedisProcess;
+
+/// `CLIENT LIST`: each connection's id and last command (redis-cli's own left out).
+fn clients(port: u16) -> Vec<(u64, String)> {
+    let out = std::process::Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "client", "list"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| {
+            let field = |name: &str| {
+                line.split(' ')
+                    .find_map(|f| f.strip_prefix(name))
+                    .map(str::to_string)
+            };
+            Some((field("id=")?.parse().ok()?, field("cmd=")?))
+        })
+        .filter(|(_, cmd)| cmd != "client|list")
+        .collect()
+}
+
+/// The store's connections (those opened while it connected) and how many of them last ran a
+/// script, after 200 concurrent first deliveries.
+async fn lanes_used(server: &RedisProcess, connections: usize) -> (usize, usize) {
+    let before: Vec<u64> = clients(server.port).into_iter().map(|(id, _)| id).collect();
+    let store = RedisStore::builder()
+        .prefix(format!("lanes-{:x}", fastrand::u64(..)))
+        .connections(connections)
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let c = Coordinator::new(store);
+    let op = Operation::new("mail.invoice").unwrap();
+    let tasks: Vec<_> = (0..200)
+        .map(|i| {
+            let (c, op) = (c.clone(), op.clone());
+            tokio::spawn(async move {
+                let key = Key::new(format!("order-{i}")).unwrap();
+                let first = c
+                    .call(&op, &key)
+                    .ttl(Duration::from_secs(60))
+                    .run(|_| async move { Ok::<_, std::io::Error>(i) })
+                    .await
+                    .unwrap();
+                // The same key again: its record is there, on whichever lane wrote it.
+                let again = c
+                    .call(&op, &key)
+                    .run(|_| async move { Ok::<_, std::io::Error>(i + 1_000) })
+                    .await
+                    .unwrap();
+                assert!(!first.is_replay() && again.is_replay());
+                assert_eq!((first.value, again.value), (i, i));
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let mine: Vec<(u64, String)> = clients(server.port)
+        .into_iter()
+        .filter(|(id, _)| !before.contains(id))
+        .collect();
+    let scripting = mine.iter().filter(|(_, cmd)| cmd == "evalsha").count();
+    (mine.len(), scripting)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_spread_over_every_connection_of_the_store() {
+    let server = RedisProcess::start(&[]);
+    assert_eq!(lanes_used(&server, 3).await, (3, 3));
+    assert_eq!(lanes_used(&server, 2).await, (2, 2));
+    assert_eq!(lanes_used(&server, 1).await, (1, 1));
+    // At least one connection, whatever is asked.
+    assert_eq!(lanes_used(&server, 0).await, (1, 1));
+}
