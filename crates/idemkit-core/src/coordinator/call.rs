@@ -493,14 +493,13 @@ impl<'a, S: Store, C> Call<'a, S, C> {
     /// # Example
     ///
     /// See [`Call`].
-    pub async fn run<T, E, F, Fut>(self, action: F) -> Result<Receipt<T>, Error<E>>
+    pub fn run<T, E, F, Fut>(self, action: F) -> impl Future<Output = Result<Receipt<T>, Error<E>>>
     where
         C: Codec<T>,
         F: FnOnce(Attempt) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
         self.execute(action, ReleaseOnError, None::<ByStore>, None)
-            .await
     }
 
     /// Like [`run`](Call::run), but an error for which `is_permanent` returns true is stored
@@ -530,11 +529,11 @@ impl<'a, S: Store, C> Call<'a, S, C> {
     /// # })?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub async fn run_storing_errors<T, E, P, F, Fut>(
+    pub fn run_storing_errors<T, E, P, F, Fut>(
         self,
         is_permanent: P,
         action: F,
-    ) -> Result<Receipt<T>, Error<E>>
+    ) -> impl Future<Output = Result<Receipt<T>, Error<E>>>
     where
         C: Codec<T> + Codec<E>,
         P: Fn(&E) -> bool,
@@ -542,7 +541,7 @@ impl<'a, S: Store, C> Call<'a, S, C> {
         Fut: Future<Output = Result<T, E>>,
     {
         let errors = StorePermanent { is_permanent };
-        self.execute(action, errors, None::<ByStore>, None).await
+        self.execute(action, errors, None::<ByStore>, None)
     }
 
     /// Like [`run`](Call::run), but the result is stored by `completer` (inside the caller's
@@ -559,11 +558,11 @@ impl<'a, S: Store, C> Call<'a, S, C> {
     /// # Example
     ///
     /// See [`Completer`].
-    pub async fn run_completing<T, E, K, F, Fut>(
+    pub fn run_completing<T, E, K, F, Fut>(
         self,
         completer: K,
         action: F,
-    ) -> Result<Receipt<T>, Error<E>>
+    ) -> impl Future<Output = Result<Receipt<T>, Error<E>>>
     where
         C: Codec<T>,
         K: Completer,
@@ -571,7 +570,6 @@ impl<'a, S: Store, C> Call<'a, S, C> {
         Fut: Future<Output = Result<T, E>>,
     {
         self.execute(action, ReleaseOnError, Some(completer), None)
-            .await
     }
 
     /// [`run_storing_errors`](Call::run_storing_errors) with a [`Completer`]: a permanent
@@ -585,12 +583,12 @@ impl<'a, S: Store, C> Call<'a, S, C> {
     /// # Example
     ///
     /// See [`Completer`].
-    pub async fn run_storing_errors_completing<T, E, K, P, F, Fut>(
+    pub fn run_storing_errors_completing<T, E, K, P, F, Fut>(
         self,
         completer: K,
         is_permanent: P,
         action: F,
-    ) -> Result<Receipt<T>, Error<E>>
+    ) -> impl Future<Output = Result<Receipt<T>, Error<E>>>
     where
         C: Codec<T> + Codec<E>,
         K: Completer,
@@ -599,7 +597,7 @@ impl<'a, S: Store, C> Call<'a, S, C> {
         Fut: Future<Output = Result<T, E>>,
     {
         let errors = StorePermanent { is_permanent };
-        self.execute(action, errors, Some(completer), None).await
+        self.execute(action, errors, Some(completer), None)
     }
 }
 
@@ -626,7 +624,7 @@ impl<S: Store, C> PreparedCall<'_, S, C> {
     /// # Errors
     ///
     /// As [`Call::run`].
-    pub async fn run<T, E, F, Fut>(self, action: F) -> Result<Receipt<T>, Error<E>>
+    pub fn run<T, E, F, Fut>(self, action: F) -> impl Future<Output = Result<Receipt<T>, Error<E>>>
     where
         C: Codec<T>,
         F: FnOnce(Attempt) -> Fut,
@@ -634,7 +632,6 @@ impl<S: Store, C> PreparedCall<'_, S, C> {
     {
         self.call
             .execute(action, ReleaseOnError, None::<ByStore>, Some(self.prepared))
-            .await
     }
 
     /// [`Call::run_storing_errors`], with the batch's claim.
@@ -642,11 +639,11 @@ impl<S: Store, C> PreparedCall<'_, S, C> {
     /// # Errors
     ///
     /// As [`Call::run_storing_errors`].
-    pub async fn run_storing_errors<T, E, P, F, Fut>(
+    pub fn run_storing_errors<T, E, P, F, Fut>(
         self,
         is_permanent: P,
         action: F,
-    ) -> Result<Receipt<T>, Error<E>>
+    ) -> impl Future<Output = Result<Receipt<T>, Error<E>>>
     where
         C: Codec<T> + Codec<E>,
         P: Fn(&E) -> bool,
@@ -656,6 +653,5 @@ impl<S: Store, C> PreparedCall<'_, S, C> {
         let errors = StorePermanent { is_permanent };
         self.call
             .execute(action, errors, None::<ByStore>, Some(self.prepared))
-            .await
     }
 }
