@@ -1,11 +1,12 @@
 //! A fixed load on one Redis server, for counting the server's instructions per call under
 //! callgrind (`scripts/redis-instructions`): `N` first deliveries (misses) of distinct keys,
 //! by 64 concurrent tasks, with coalescing on or off; or in explicit batches of 64
-//! (`Coordinator::prepare`, then each key's call). Instruction counts do not depend on the
+//! (`Coordinator::prepare`, then each key's call); or `hit`: N replays of one completed key
+//! by 64 tasks. Instruction counts do not depend on the
 //! machine's speed or load, so they are the before/after figure of a change.
 //!
 //! ```text
-//! cargo run --release -p idemkit-bench --example redis_load -- PORT coalesced|single|batch N
+//! cargo run --release -p idemkit-bench --example redis_load -- PORT coalesced|single|batch|hit N
 //! ```
 //!
 //! `REDIS_LOAD_THREADS=1` runs the client on a current-thread runtime (default: 2 threads);
@@ -46,14 +47,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
 async fn load(args: Vec<String>) -> Result<(), Box<dyn std::error::Error>> {
     let [port, mode, n] = <[String; 3]>::try_from(args)
-        .map_err(|_| "usage: redis_load PORT coalesced|single|batch N")?;
+        .map_err(|_| "usage: redis_load PORT coalesced|single|batch|hit N")?;
     let n: usize = n.parse()?;
     // Connections the store spreads calls over (default: the store's default).
     let connections: usize =
         std::env::var("REDIS_LOAD_CONNECTIONS").map_or(Ok(2), |c| c.parse())?;
     let store = RedisStore::builder()
         .prefix(format!("load-{:x}", fastrand::u64(..)))
-        .coalesce(mode != "single")
+        .coalesce(mode != "single" && std::env::var("REDIS_LOAD_COALESCE").as_deref() != Ok("0"))
         .connections(connections)
         .connect(&format!("redis://127.0.0.1:{port}"))
         .await?;
@@ -61,6 +62,25 @@ async fn load(args: Vec<String>) -> Result<(), Box<dyn std::error::Error>> {
     let op = Operation::new("load")?;
     let started = tokio::time::Instant::now();
     match mode.as_str() {
+        "hit" => {
+            // One completed key, replayed by 64 tasks.
+            let key = Key::new("hit").expect("valid");
+            miss(&c, &op, &key).await;
+            let next = Arc::new(AtomicUsize::new(0));
+            let tasks: Vec<_> = (0..64)
+                .map(|_| {
+                    let (c, op, next, key) = (c.clone(), op.clone(), next.clone(), key.clone());
+                    tokio::spawn(async move {
+                        while next.fetch_add(1, Ordering::Relaxed) < n {
+                            miss(&c, &op, &key).await;
+                        }
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await?;
+            }
+        }
         "coalesced" | "single" => {
             let next = Arc::new(AtomicUsize::new(0));
             let tasks: Vec<_> = (0..64)
@@ -104,6 +124,6 @@ async fn load(args: Vec<String>) -> Result<(), Box<dyn std::error::Error>> {
         other => return Err(format!("unknown mode {other}").into()),
     }
     let secs = started.elapsed().as_secs_f64();
-    println!("{mode}: {n} misses in {secs:.3} s");
+    println!("{mode}: {n} calls in {secs:.3} s");
     Ok(())
 }

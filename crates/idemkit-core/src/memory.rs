@@ -294,12 +294,7 @@ impl Table {
     }
 
     /// Inserts or replaces; returns the replaced entry.
-    fn insert(
-        &mut self,
-        hash: u64,
-        key: &str,
-        entry: Entry,
-    ) -> Option<Entry> {
+    fn insert(&mut self, hash: u64, key: &str, entry: Entry) -> Option<Entry> {
         if let Some(old) = self.get_mut(hash, key) {
             return Some(std::mem::replace(old, entry));
         }
@@ -384,9 +379,7 @@ impl Store for MemoryStore {
                 shard.sweep_if_due(now);
                 let slot = self.new_slot(req, now);
                 let lease = Ownership::new(slot.owner, slot.fencing);
-                shard
-                    .map
-                    .insert(h, req.key.as_str(), Entry::Record(slot));
+                shard.map.insert(h, req.key.as_str(), Entry::Record(slot));
                 Ok(Claim::Reserved {
                     ownership: lease,
                     took_over: false,
@@ -531,9 +524,7 @@ impl RawStore for MemoryStore {
         };
         let (mut shard, h, _) = self.shard(key);
         shard.sweep_if_due(now);
-        if let Some(Entry::Record(mut old)) =
-            shard.map.insert(h, key.as_str(), entry)
-        {
+        if let Some(Entry::Record(mut old)) = shard.map.insert(h, key.as_str(), entry) {
             old.wake_waiters();
         }
         Ok(())

@@ -39,6 +39,7 @@
 //! ```
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -107,6 +108,8 @@ struct Shared {
     /// every prefix on them: a key's lane is picked by its hash tag (`keys::lane`). The
     /// first lane's connection is `RedisStore::conn`, which also carries the subscriptions.
     lanes: Arc<[Lane]>,
+    /// The next `begin`'s lane (see `RedisStore::begin_lane`).
+    next_begin: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -150,6 +153,7 @@ impl RedisStore {
                 call_timeout,
                 coalesce,
                 lanes,
+                next_begin: Arc::default(),
             }),
         }
     }
@@ -199,6 +203,7 @@ impl RedisStore {
                 call_timeout: self.shared.call_timeout,
                 coalesce: self.shared.coalesce,
                 lanes: self.shared.lanes.clone(),
+                next_begin: self.shared.next_begin.clone(),
             }),
         }
     }
@@ -296,18 +301,99 @@ impl RedisStore {
         eval_on(&mut self.lane_conn(rkey), lua, rkey, args).await
     }
 
+    /// `Store::begin` on one lane.
+    async fn begin_on(&self, lane: usize, req: &BeginRequest<'_>) -> Result<Claim, StoreError> {
+        let rkey = self.redis_key(req.key);
+        let fingerprint = req.fingerprint.map(|f| f.to_bytes());
+        let _lead = if self.shared.coalesce {
+            let mut queued = None;
+            let lead = self.shared.lanes[lane].begins.enter(|| {
+                let (reply, answer) = tokio::sync::oneshot::channel();
+                queued = Some(answer);
+                let mut owner = [0u8; 17];
+                owner[0] = u8::from(fingerprint.is_some());
+                owner[1..].copy_from_slice(&req.owner.as_u128().to_be_bytes());
+                BeginJob {
+                    rkey: rkey.clone(),
+                    owner,
+                    fingerprint,
+                    lease_ms: ms(req.lease),
+                    reply,
+                }
+            });
+            match lead {
+                Entered::Lead => Some(Lead {
+                    store: self,
+                    kind: Kind::Begin,
+                    lane,
+                }),
+                Entered::Queued { spawn_flush } => {
+                    if spawn_flush {
+                        coalesce::spawn_flush(self, Kind::Begin, lane);
+                    }
+                    let answer = queued.expect("queued");
+                    return claim_of(req, coalesce::wait(answer).await?);
+                }
+            }
+        } else {
+            None
+        };
+        let (reply, acked) = self
+            .eval_guarded(
+                lane,
+                &scripts::BEGIN,
+                &rkey,
+                |cmd| {
+                    cmd.arg(OwnerWithFlags {
+                        owner: req.owner.as_u128(),
+                        fingerprint: fingerprint.is_some(),
+                    })
+                    .arg(ms(req.lease))
+                    .arg(fingerprint.as_ref().map_or(&[][..], |f| &f[..]));
+                },
+                |reply| matches!(reply, Value::Int(n) if *n > 0),
+            )
+            .await?;
+        if let (Value::Int(fencing @ 1..), Err(e)) = (&reply, acked) {
+            // Not durable: give the key back, so that nobody waits for a reservation whose
+            // caller is told nothing ran (best effort: if this fails too, the lease expires).
+            let lease = Ownership::new(req.owner, FencingToken::new(*fencing as u64));
+            if let Err(release) = self.release(req.key, &lease).await {
+                tracing::warn!(key = %req.key, error = %release,
+                    "releasing an unacknowledged reservation failed; it expires with its lease");
+            }
+            return Err(e);
+        }
+        claim_of(req, reply)
+    }
+
+    /// The lane of a `begin`: the lanes in turn, whatever the key. A begin is its caller's
+    /// first command on the key and is never on the wire beside another of that caller's
+    /// commands, so no order is at stake; taking turns spreads a hot key's replays too.
+    fn begin_lane(&self) -> usize {
+        let lanes = self.shared.lanes.len();
+        if lanes == 1 {
+            return 0;
+        }
+        self.shared.next_begin.fetch_add(1, Ordering::Relaxed) % lanes
+    }
+
     /// A script that writes, then the durability guard's `WAIT` if `needs_wait` says the
     /// reply wrote something, both on one connection of their own (see `durable`). Without
     /// the guard, the script alone on the shared connection.
     async fn eval_guarded(
         &self,
+        lane: usize,
         lua: &scripts::Lua,
         rkey: &str,
         args: impl FnOnce(&mut Cmd),
         needs_wait: impl FnOnce(&Value) -> bool,
     ) -> Result<(Value, Result<(), StoreError>), StoreError> {
         match &self.shared.durable {
-            None => Ok((self.eval(lua, rkey, args).await?, Ok(()))),
+            None => {
+                let mut conn = self.shared.lanes[lane].conn.clone();
+                Ok((eval_on(&mut conn, lua, rkey, args).await?, Ok(())))
+            }
             // Boxed: the guarded path (a connection to open, a `WAIT`) would otherwise make
             // every call's future larger, and futures are moved on every call.
             Some(durable) => Box::pin(eval_durable(durable, lua, rkey, args, needs_wait)).await,
@@ -446,68 +532,16 @@ impl Store for RedisStore {
     }
 
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Claim, StoreError> {
-        let rkey = self.redis_key(req.key);
-        let fingerprint = req.fingerprint.map(|f| f.to_bytes());
-        let _lead = if self.shared.coalesce {
-            let mut queued = None;
-            let lane = self.lane(&rkey);
-            let lead = self.shared.lanes[lane].begins.enter(|| {
-                let (reply, answer) = tokio::sync::oneshot::channel();
-                queued = Some(answer);
-                let mut owner = [0u8; 17];
-                owner[0] = u8::from(fingerprint.is_some());
-                owner[1..].copy_from_slice(&req.owner.as_u128().to_be_bytes());
-                BeginJob {
-                    rkey: rkey.clone(),
-                    owner,
-                    fingerprint,
-                    lease_ms: ms(req.lease),
-                    reply,
-                }
-            });
-            match lead {
-                Entered::Lead => Some(Lead {
-                    store: self,
-                    kind: Kind::Begin,
-                    lane,
-                }),
-                Entered::Queued { spawn_flush } => {
-                    if spawn_flush {
-                        coalesce::spawn_flush(self, Kind::Begin, lane);
-                    }
-                    let answer = queued.expect("queued");
-                    return claim_of(req, coalesce::wait(answer).await?);
-                }
+        let lane = self.begin_lane();
+        match self.begin_on(lane, req).await {
+            // A connection idle through an outage reports it on its next call, while the
+            // others work again: a begin takes the next lane then (sent again with the same
+            // owner token, it is answered as once, ARCHITECTURE row 24).
+            Err(e) if e.kind() == StoreErrorKind::Unavailable && self.shared.lanes.len() > 1 => {
+                Box::pin(self.begin_on((lane + 1) % self.shared.lanes.len(), req)).await
             }
-        } else {
-            None
-        };
-        let (reply, acked) = self
-            .eval_guarded(
-                &scripts::BEGIN,
-                &rkey,
-                |cmd| {
-                    cmd.arg(OwnerWithFlags {
-                        owner: req.owner.as_u128(),
-                        fingerprint: fingerprint.is_some(),
-                    })
-                    .arg(ms(req.lease))
-                    .arg(fingerprint.as_ref().map_or(&[][..], |f| &f[..]));
-                },
-                |reply| matches!(reply, Value::Int(n) if *n > 0),
-            )
-            .await?;
-        if let (Value::Int(fencing @ 1..), Err(e)) = (&reply, acked) {
-            // Not durable: give the key back, so that nobody waits for a reservation whose
-            // caller is told nothing ran (best effort: if this fails too, the lease expires).
-            let lease = Ownership::new(req.owner, FencingToken::new(*fencing as u64));
-            if let Err(release) = self.release(req.key, &lease).await {
-                tracing::warn!(key = %req.key, error = %release,
-                    "releasing an unacknowledged reservation failed; it expires with its lease");
-            }
-            return Err(e);
+            claimed => claimed,
         }
-        claim_of(req, reply)
     }
 
     async fn begin_many(&self, reqs: &[BeginRequest<'_>]) -> Vec<Result<Claim, StoreError>> {
@@ -615,9 +649,9 @@ impl Store for RedisStore {
             ));
         }
         let rkey = self.redis_key(key);
+        let lane = self.lane(&rkey);
         let _lead = if self.shared.coalesce {
             let mut queued = None;
-            let lane = self.lane(&rkey);
             let lead = self.shared.lanes[lane].completes.enter(|| {
                 let (reply, answer) = tokio::sync::oneshot::channel();
                 queued = Some(answer);
@@ -652,6 +686,7 @@ impl Store for RedisStore {
         };
         let (reply, acked) = self
             .eval_guarded(
+                lane,
                 self.complete_script(),
                 &rkey,
                 |cmd| {
