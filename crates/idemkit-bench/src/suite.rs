@@ -116,7 +116,7 @@ pub(crate) async fn memory_entry_bytes() -> Result<RecordBytes, String> {
         .await
         .map_err(|e| {
             format!(
-                "{} ({e}): build it with `cargo build --release -p idemkit-bench --examples`",
+                "{} ({e}): build the examples too (`cargo build --release -p idemkit-bench --examples`; `cargo test` builds them)",
                 example.display()
             )
         })?;

@@ -1,0 +1,74 @@
+//! The benchmark command end to end, small: `idemkit-bench --out DIR` against a Redis
+//! server this test starts (no PostgreSQL, no Python peer) writes `results.md` with every
+//! section and a ratio for each target it can measure, and four SVG plots with one bar per
+//! measured case. The figures themselves are not judged here: timing claims belong to the
+//! benchmark's own run. The MemoryStore's bytes per entry come from the
+//! `memory_entry_bytes` example, which `cargo test -p idemkit-bench` builds beside the binary.
+
+use idemkit_test::redis_server::RedisProcess;
+
+#[test]
+fn the_benchmark_writes_its_tables_and_plots() {
+    let server = RedisProcess::start(&[]);
+    let dir = std::env::temp_dir().join(format!("idemkit-bench-{:x}", fastrand::u64(..)));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemkit-bench"))
+        .args([
+            "--store",
+            &server.url(),
+            "--ops",
+            "640",
+            "--rounds",
+            "1",
+            "--out",
+        ])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    // Progress is shown, case by case.
+    assert!(stderr.contains("idemkit miss, c=64, 640 calls"), "{stderr}");
+
+    let results = std::fs::read_to_string(dir.join("results.md")).unwrap();
+    for line in [
+        "| c=64 misses/s: idemkit / the fastest Rust peer | ",
+        "| c=64 hits/s: idemkit / the fastest Rust peer | ",
+        "| c=1 hit p50 / one GET's p50 (interleaved) | ",
+        "| c=1 miss p50 / two GETs' p50 (interleaved) | ",
+        "| idemkit MemoryStore hit, one task (wall time per call, timing included) | ",
+        "| idemkit miss, batches of 64 | 64 | ",
+        "| idempotent miss | 64 | ",
+        "| idemkit MemoryStore | 1.00 | ",
+        "| idempotency-kit | 2.00 | ",
+        "![redis-throughput-c64.svg](redis-throughput-c64.svg)",
+    ] {
+        assert!(results.contains(line), "no {line:?} in\n{results}");
+    }
+    // Without --python, no Python ratio is claimed.
+    assert!(!results.contains("(Python)"), "{results}");
+    // Every ratio row has a measured figure: "1.23× (…)".
+    let ratios = results
+        .lines()
+        .filter(|l| l.starts_with("| c=64 ") && l.contains("peer"))
+        .count();
+    assert_eq!(ratios, 2, "{results}");
+
+    // One bar per case: c=64 throughput has the floor, idemkit's hit and miss, the miss
+    // without coalescing, the batches, and both Rust peers' hit and miss.
+    let svg = std::fs::read_to_string(dir.join("redis-throughput-c64.svg")).unwrap();
+    assert!(svg.starts_with("<svg "), "{svg}");
+    let bars = svg.matches("<rect x=\"200\"").count();
+    assert_eq!(bars, 9, "{svg}");
+    for plot in [
+        "redis-latency-c1.svg",
+        "redis-cpu-c64.svg",
+        "record-bytes.svg",
+    ] {
+        let svg = std::fs::read_to_string(dir.join(plot)).unwrap();
+        assert!(
+            svg.contains("</svg>") && svg.contains("<rect x=\"200\""),
+            "{plot}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
