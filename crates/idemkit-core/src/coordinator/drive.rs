@@ -80,35 +80,8 @@ impl<S: Store, C> Call<'_, S, C> {
         })
     }
 
-    /// The call's future: `drive`, inside the call's span (`idemkit.call`, with `operation`
-    /// and `key`). Built here, not in another
-    /// `async fn` around it: each level of `async` moves the whole state (about 3 KB) once
-    /// more before the first poll (see docs/benchmarks.md). The span is disabled (and cheap
-    /// to enter) without a subscriber that wants it.
-    pub(super) fn execute<T, E, F, Fut, P, K>(
-        self,
-        action: F,
-        errors: P,
-        completer: Option<K>,
-        prepared: Option<Box<super::batch::Prepared<S>>>,
-    ) -> tracing::instrument::Instrumented<impl Future<Output = Result<Receipt<T>, Error<E>>>>
-    where
-        C: Codec<T>,
-        P: ErrorPolicy<C, E>,
-        K: Completer,
-        F: FnOnce(Attempt) -> Fut,
-        Fut: Future<Output = Result<T, E>>,
-    {
-        let span = tracing::debug_span!(
-            "idemkit.call",
-            operation = %self.operation,
-            key = %self.key,
-        );
-        self.drive(action, errors, completer, prepared)
-            .instrument(span)
-    }
-
-    async fn drive<T, E, F, Fut, P, K>(
+    /// Runs the call inside its span (`idemkit.call`, with `operation` and `key`).
+    pub(super) async fn execute<T, E, F, Fut, P, K>(
         self,
         action: F,
         errors: P,
@@ -122,11 +95,42 @@ impl<S: Store, C> Call<'_, S, C> {
         F: FnOnce(Attempt) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
+        let span = tracing::debug_span!(
+            "idemkit.call",
+            operation = %self.operation,
+            key = %self.key,
+        );
         let effective = match self.effective() {
             Ok(e) => e,
             Err(reason) => return Err(Error::Config { reason }),
         };
-        let (effective, errors) = (&effective, &errors);
+        // Without a subscriber that wants the span, skip the wrapper: instrumenting moves the
+        // whole call's state into it, on every call.
+        if span.is_disabled() {
+            self.drive(&effective, action, &errors, completer, prepared)
+                .await
+        } else {
+            self.drive(&effective, action, &errors, completer, prepared)
+                .instrument(span)
+                .await
+        }
+    }
+
+    async fn drive<T, E, F, Fut, P, K>(
+        &self,
+        effective: &Effective,
+        action: F,
+        errors: &P,
+        completer: Option<K>,
+        prepared: Option<Box<super::batch::Prepared<S>>>,
+    ) -> Result<Receipt<T>, Error<E>>
+    where
+        C: Codec<T>,
+        P: ErrorPolicy<C, E>,
+        K: Completer,
+        F: FnOnce(Attempt) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
         let store = self.coordinator.store();
         let op: &crate::Operation = &self.operation;
         let policy = &effective.policy;
