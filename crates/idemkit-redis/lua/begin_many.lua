@@ -1,16 +1,23 @@
 -- begin_many: begin.lua for several keys of one slot, in one script call (batch
 -- reservation). Each key is answered exactly as begin.lua answers it alone (see there for the
 -- record format and the reply shapes); the replies come back as one array, in KEYS order.
--- Redis' clock is read once for the whole batch: every key's fencing token is then at least
--- that instant in microseconds, or one past its released token (the keys are distinct, so one
--- instant serves them all).
+-- Redis' clock is read once for the whole batch, and only if a key needs it (a reservation or
+-- a live owner's age; a batch of replays reads none): every key's fencing token is then at
+-- least that instant in microseconds, or one past its released token (the keys are distinct,
+-- so one instant serves them all).
 --
 -- KEYS      the record keys (distinct, one slot)
 -- ARGV[1]   lease ms
 -- ARGV[2i]  key i's flags byte and owner token (17 bytes)  ARGV[2i+1] its fingerprint or ''
 local lease = ARGV[1]
-local t = redis.call('TIME')
-local now = t[1] * 1000000 + t[2]
+local now
+local function clock()
+  if not now then
+    local t = redis.call('TIME')
+    now = t[1] * 1000000 + t[2]
+  end
+  return now
+end
 local out = {}
 for i, key in ipairs(KEYS) do
   local owner = ARGV[2 * i]
@@ -30,7 +37,7 @@ for i, key in ipairs(KEYS) do
       elseif string.sub(v, 7, 22) == string.sub(owner, 2) then
         reply = struct.unpack('>I8', v, 23)
       else
-        reply = {v, redis.call('PTTL', key), now}
+        reply = {v, redis.call('PTTL', key), clock()}
       end
     elseif head ~= 'IDK\1\3' or #v ~= 13 then
       reply = v
@@ -39,7 +46,7 @@ for i, key in ipairs(KEYS) do
     end
   end
   if reply == nil then
-    local fencing = now
+    local fencing = clock()
     if previous and fencing <= previous then
       fencing = previous + 1
     end
