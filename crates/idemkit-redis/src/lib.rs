@@ -303,7 +303,7 @@ impl RedisStore {
 
     /// `Store::begin` on one lane.
     async fn begin_on(&self, lane: usize, req: &BeginRequest<'_>) -> Result<Claim, StoreError> {
-        let rkey = self.redis_key(req.key);
+        let mut rkey = self.redis_key(req.key);
         let fingerprint = req.fingerprint.map(|f| f.to_bytes());
         let _lead = if self.shared.coalesce {
             let mut queued = None;
@@ -314,7 +314,8 @@ impl RedisStore {
                 owner[0] = u8::from(fingerprint.is_some());
                 owner[1..].copy_from_slice(&req.owner.as_u128().to_be_bytes());
                 BeginJob {
-                    rkey: rkey.clone(),
+                    // Queued, this call needs the key no more: moved, not copied.
+                    rkey: std::mem::take(&mut rkey),
                     owner,
                     fingerprint,
                     lease_ms: ms(req.lease),
@@ -648,7 +649,7 @@ impl Store for RedisStore {
                 "a result of 4 GiB or more cannot be stored",
             ));
         }
-        let rkey = self.redis_key(key);
+        let mut rkey = self.redis_key(key);
         let lane = self.lane(&rkey);
         let _lead = if self.shared.coalesce {
             let mut queued = None;
@@ -659,7 +660,7 @@ impl Store for RedisStore {
                 lease_bytes[..16].copy_from_slice(&lease.owner.as_u128().to_be_bytes());
                 lease_bytes[16..].copy_from_slice(&lease.fencing.get().to_be_bytes());
                 CompleteJob {
-                    rkey: rkey.clone(),
+                    rkey: std::mem::take(&mut rkey),
                     lease: lease_bytes,
                     ttl_ms: ms(completion.ttl),
                     kind: completion.kind,
