@@ -181,7 +181,7 @@ impl RedisStoreBuilder {
     /// With one connection the client and Redis take turns: Redis idles while the client
     /// reads a batch of replies, and the client idles while Redis runs the next batch; with
     /// two, Redis runs one connection's commands while the client handles the other's
-    /// replies (measured: 1.3-1.5× the misses per second at concurrency 64,
+    /// replies (measured: 1.5-1.7× the misses per second at concurrency 64,
     /// docs/benchmarks.md). Pub/sub for wake-ups uses the first. A Cluster ignores it (it
     /// keeps one connection per node).
     ///

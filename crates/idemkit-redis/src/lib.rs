@@ -11,13 +11,17 @@
 //!   just-released token), so they increase per key; leases and TTLs expire by Redis' clock
 //!   (`PX`), never the client's.
 //! - **Push wake-ups.** `complete` and `release` publish on a per-key channel; a waiter
-//!   subscribes to it (RESP3 push on the same connection), re-checks the record, and wakes
+//!   subscribes to it (RESP3 push on the store's first connection), re-checks the record, and wakes
 //!   within about one round trip of the owner finishing. Its wait never outlasts the
 //!   owner's lease, which covers a missed message. A waiter whose future is dropped leaves
 //!   no registration and no subscription behind.
 //! - **Eviction.** Redis must not evict our keys: run it with `maxmemory-policy noeviction`
 //!   (or a dedicated server). The store checks the policy at connect and warns, or refuses
 //!   ([`RedisStoreBuilder::eviction_check`]).
+//! - **Two connections, coalesced calls.** On one server the store spreads its calls over two
+//!   connections ([`RedisStoreBuilder::connections`]; a key's owner always uses the same
+//!   one, so its commands keep their order), and concurrent `begin`s and `complete`s on a
+//!   connection go out together as one script call ([`RedisStoreBuilder::coalesce`]).
 //! - **Cluster.** A record's key and its channel share one hash tag (a digest of the storage
 //!   key), so every script touches one slot; waiters use sharded pub/sub (`SSUBSCRIBE`).
 //!
@@ -69,7 +73,7 @@ use keys::{channel, key_for, ms};
 use scripts::{LeaseArg, OwnerWithFlags, RecordTail, clear_watched};
 use wake::Waiters;
 
-/// A store on Redis. Cheap to clone: clones share the connection and the waiter registry.
+/// A store on Redis. Cheap to clone: clones share the connections and the waiter registry.
 ///
 /// # Example
 ///
@@ -181,7 +185,7 @@ impl RedisStore {
         RedisStoreBuilder::default().connect(url).await
     }
 
-    /// The same connection under another key prefix: a separate namespace of records that
+    /// The same connections under another key prefix: a separate namespace of records that
     /// costs no new connection.
     ///
     /// # Example
@@ -291,7 +295,7 @@ impl RedisStore {
         }
     }
 
-    /// `EVALSHA` of `lua` on `rkey` with `args` on the shared connection: one round trip.
+    /// `EVALSHA` of `lua` on `rkey` with `args` on the key's lane: one round trip.
     async fn eval<T: redis::FromRedisValue>(
         &self,
         lua: &scripts::Lua,
@@ -381,7 +385,7 @@ impl RedisStore {
 
     /// A script that writes, then the durability guard's `WAIT` if `needs_wait` says the
     /// reply wrote something, both on one connection of their own (see `durable`). Without
-    /// the guard, the script alone on the shared connection.
+    /// the guard, the script alone on `lane`'s connection.
     async fn eval_guarded(
         &self,
         lane: usize,
