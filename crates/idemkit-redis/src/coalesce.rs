@@ -53,26 +53,6 @@ pub(crate) struct CompleteJob {
     pub(crate) reply: oneshot::Sender<Result<Value, StoreError>>,
 }
 
-/// One connection of a single-server store with its two queues. Every command about a key
-/// goes through the key's lane (chosen by its hash tag), so a key's commands reach Redis in
-/// the order they were sent, as on one connection; different lanes let Redis run one
-/// connection's commands while the client reads another's replies (ARCHITECTURE row 35).
-pub(crate) struct Lane {
-    pub(crate) conn: crate::conn::Conn,
-    pub(crate) begins: Coalescer<BeginJob>,
-    pub(crate) completes: Coalescer<CompleteJob>,
-}
-
-impl Lane {
-    pub(crate) fn new(conn: crate::conn::Conn) -> Self {
-        Lane {
-            conn,
-            begins: Coalescer::default(),
-            completes: Coalescer::default(),
-        }
-    }
-}
-
 /// The queue of one kind of call, and how many calls of that kind are on the wire.
 pub(crate) struct Coalescer<J> {
     state: Mutex<State<J>>,

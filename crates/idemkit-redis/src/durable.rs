@@ -9,11 +9,12 @@ use std::time::Duration;
 use idemkit_core::StoreError;
 use redis::cluster::ClusterClient;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-use redis::{AsyncConnectionConfig, Value};
+use redis::{AsyncConnectionConfig, Cmd, Value};
 
 use crate::conn::Conn;
 use crate::errors::map_err;
 use crate::keys::{ms, slot};
+use crate::{eval_on, scripts};
 
 /// How to open a connection of its own.
 pub(crate) enum Opener {
@@ -121,4 +122,30 @@ impl Durable {
             )))
         }
     }
+}
+
+/// The guarded half of [`RedisStore::eval_guarded`].
+pub(crate) async fn eval(
+    durable: &Durable,
+    lua: &scripts::Lua,
+    rkey: &str,
+    args: impl FnOnce(&mut Cmd),
+    needs_wait: impl FnOnce(&Value) -> bool,
+) -> Result<(Value, Result<(), StoreError>), StoreError> {
+    let mut conn = durable.checkout().await?;
+    let reply: Value = eval_on(&mut conn, lua, rkey, args).await?;
+    let acked = if needs_wait(&reply) {
+        durable.replicated(&mut conn, rkey).await
+    } else {
+        Ok(())
+    };
+    // Acknowledged, or a clean "not enough replicas" answer: the connection is fine to reuse.
+    let reusable = match &acked {
+        Ok(()) => true,
+        Err(e) => e.is_unavailable(),
+    };
+    if reusable {
+        durable.checkin(conn);
+    }
+    Ok((reply, acked))
 }

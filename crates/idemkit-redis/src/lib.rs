@@ -43,7 +43,7 @@
 //! ```
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -59,17 +59,19 @@ mod conn;
 mod durable;
 mod errors;
 mod keys;
+mod lanes;
 mod scan;
 mod scripts;
 mod wake;
 
 pub use builder::{EvictionCheck, RedisStoreBuilder};
 
-use coalesce::{BeginJob, CompleteJob, Entered, Kind, Lane, Lead};
+use coalesce::{BeginJob, CompleteJob, Entered, Kind, Lead};
 use conn::Conn;
 use durable::Durable;
 use errors::{decode, int, map_err, owner_checked, unexpected};
 use keys::{channel, key_for, ms};
+use lanes::Lane;
 use scripts::{LeaseArg, OwnerWithFlags, RecordTail, clear_watched};
 use wake::Waiters;
 
@@ -160,16 +162,6 @@ impl RedisStore {
                 next_begin: Arc::default(),
             }),
         }
-    }
-
-    /// The connection of a Redis key's lane.
-    pub(crate) fn lane_conn(&self, rkey: &str) -> Conn {
-        self.shared.lanes[self.lane(rkey)].conn.clone()
-    }
-
-    /// The lane of a Redis key of this store (see `Shared::lanes`).
-    fn lane(&self, rkey: &str) -> usize {
-        keys::lane(self.shared.prefix.len(), rkey, self.shared.lanes.len())
     }
 
     /// Connects to one server with the default settings.
@@ -372,17 +364,6 @@ impl RedisStore {
         claim_of(req, reply)
     }
 
-    /// The lane of a `begin`: the lanes in turn, whatever the key. A begin is its caller's
-    /// first command on the key and is never on the wire beside another of that caller's
-    /// commands, so no order is at stake; taking turns spreads a hot key's replays too.
-    fn begin_lane(&self) -> usize {
-        let lanes = self.shared.lanes.len();
-        if lanes == 1 {
-            return 0;
-        }
-        self.shared.next_begin.fetch_add(1, Ordering::Relaxed) % lanes
-    }
-
     /// A script that writes, then the durability guard's `WAIT` if `needs_wait` says the
     /// reply wrote something, both on one connection of their own (see `durable`). Without
     /// the guard, the script alone on `lane`'s connection.
@@ -401,7 +382,7 @@ impl RedisStore {
             }
             // Boxed: the guarded path (a connection to open, a `WAIT`) would otherwise make
             // every call's future larger, and futures are moved on every call.
-            Some(durable) => Box::pin(eval_durable(durable, lua, rkey, args, needs_wait)).await,
+            Some(durable) => Box::pin(durable::eval(durable, lua, rkey, args, needs_wait)).await,
         }
     }
 }
@@ -456,32 +437,6 @@ fn claim_of(req: &BeginRequest<'_>, reply: Value) -> Result<Claim, StoreError> {
         }
         other => Err(unexpected(Some(&other))),
     }
-}
-
-/// The guarded half of [`RedisStore::eval_guarded`].
-async fn eval_durable(
-    durable: &Durable,
-    lua: &scripts::Lua,
-    rkey: &str,
-    args: impl FnOnce(&mut Cmd),
-    needs_wait: impl FnOnce(&Value) -> bool,
-) -> Result<(Value, Result<(), StoreError>), StoreError> {
-    let mut conn = durable.checkout().await?;
-    let reply: Value = eval_on(&mut conn, lua, rkey, args).await?;
-    let acked = if needs_wait(&reply) {
-        durable.replicated(&mut conn, rkey).await
-    } else {
-        Ok(())
-    };
-    // Acknowledged, or a clean "not enough replicas" answer: the connection is fine to reuse.
-    let reusable = match &acked {
-        Ok(()) => true,
-        Err(e) => e.is_unavailable(),
-    };
-    if reusable {
-        durable.checkin(conn);
-    }
-    Ok((reply, acked))
 }
 
 /// `EVALSHA` of `lua` on `rkey` with `args`: one round trip. After a server restart
