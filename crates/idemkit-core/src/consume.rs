@@ -10,7 +10,7 @@
 //! |---|---|---|
 //! | the action's value, fresh or replayed | `Ack` | - |
 //! | [`Error::ResultUnavailable`] (the effect happened, its result was not stored) | `Ack` | - |
-//! | [`Error::InFlight`] (reject mode: another worker holds the key) | `Retry` after the hint | no |
+//! | [`Error::InFlight`] (reject mode, or a wait past `wait_timeout`: another worker holds the key) | `Retry` after the hint (a runner waits for the owner's key meanwhile) | no |
 //! | [`Error::Store`] with the store unavailable (fail-closed) | `Retry` after the backoff | no |
 //! | [`Error::Action`] (the handler failed, its key released) | `Retry` after the backoff, then `DeadLetter` | yes |
 //! | the key function failed ([`KeyError`]) | `DeadLetter` | - |
@@ -467,6 +467,109 @@ impl<S: Store, K, H> Processor<S, K, H> {
         out
     }
 
+    /// Reserves the keys of a batch of messages in one store round trip
+    /// ([`Coordinator::prepare`]), for [`process_prepared`](Processor::process_prepared):
+    /// one claim per message, in order (`None` for a message whose key function fails, and
+    /// for every message when the processor is unprotected). A runner that settles each
+    /// message as soon as it is handled (and stores its offset then) uses these two instead
+    /// of [`process_batch`](Processor::process_batch). A claim dropped unused is released.
+    pub async fn prepare<M>(&self, messages: &[M]) -> Vec<Option<crate::Prepared<S>>>
+    where
+        K: Fn(&M) -> Result<Key, KeyError>,
+    {
+        if !self.protected {
+            return messages.iter().map(|_| None).collect();
+        }
+        let keys: Vec<Result<Key, KeyError>> = messages.iter().map(|m| (self.key)(m)).collect();
+        let valid: Vec<Key> = keys
+            .iter()
+            .filter_map(|k| k.as_ref().ok().cloned())
+            .collect();
+        let mut prepared = self
+            .coordinator
+            .prepare(&self.operation, &valid)
+            .await
+            .into_iter();
+        keys.iter()
+            .map(|k| k.as_ref().ok().and_then(|_| prepared.next()))
+            .collect()
+    }
+
+    /// [`process`](Processor::process), with the claim [`prepare`](Processor::prepare) made
+    /// for this message (a claim confirmed late is renewed before the handler runs).
+    pub async fn process_prepared<M>(
+        &self,
+        message: &M,
+        prepared: Option<crate::Prepared<S>>,
+        delivery: u32,
+    ) -> Processed<H::Output>
+    where
+        M: Clone,
+        K: Fn(&M) -> Result<Key, KeyError>,
+        H: Handle<M>,
+    {
+        if !self.protected {
+            return self.unprotected(message, delivery).await;
+        }
+        match (self.key)(message) {
+            Ok(key) => self.run(message, &key, prepared, delivery).await,
+            Err(e) => self.key_failed(&e),
+        }
+    }
+
+    /// Retries a delivery in place until it settles for good (`Ack` or `DeadLetter`), the
+    /// way every runner does: the handler's own failures are counted in `failures` (give
+    /// the count of this delivery's failures so far: 0 after a first `process`, whose
+    /// failure this counts) against [`RetryPolicy::max_deliveries`], with its backoff; a
+    /// store outage backs off without counting; a duplicate in flight waits for the owner's
+    /// key to be completed, released or to expire (pushed by the store, see
+    /// [`Coordinator::wait_while_reserved`]), at most the hint, so an operator's release
+    /// of a dead owner lets the message go on at once. `go_on` is asked before each try;
+    /// `None` once it says no (a revoked partition, a shutdown): the delivery is left to
+    /// the broker.
+    pub async fn settle_in_place<M>(
+        &self,
+        message: &M,
+        mut processed: Processed<H::Output>,
+        failures: &mut u32,
+        go_on: impl Fn() -> bool,
+    ) -> Option<Processed<H::Output>>
+    where
+        M: Clone,
+        K: Fn(&M) -> Result<Key, KeyError>,
+        H: Handle<M>,
+    {
+        loop {
+            let Settlement::Retry { after } = processed.settlement else {
+                return Some(processed);
+            };
+            if processed.error == Some(ErrorKind::Action) {
+                *failures += 1;
+            }
+            if !go_on() {
+                return None;
+            }
+            match (processed.error, (self.key)(message)) {
+                (Some(ErrorKind::InFlight), Ok(key)) => {
+                    if let Err(e) = self
+                        .coordinator
+                        .wait_while_reserved(&self.operation, None, &key, after)
+                        .await
+                    {
+                        tracing::debug!(operation = %self.operation, error = %e,
+                            "waiting for the key's owner failed; backing off");
+                        tokio::time::sleep(after).await;
+                    }
+                }
+                _ => tokio::time::sleep(after).await,
+            }
+            if !go_on() {
+                return None;
+            }
+            processed = self.process(message, *failures + 1).await;
+        }
+    }
+
     fn key_failed<T>(&self, e: &KeyError) -> Processed<T> {
         Processed {
             settlement: self.retry.settle_key_error(e),
@@ -494,11 +597,25 @@ impl<S: Store, K, H> Processor<S, K, H> {
             call = call.ttl(ttl);
         }
         let action = |attempt| self.handler.handle(message.clone(), attempt);
+        // A panicking handler is a failing handler (retried, then dead-lettered), never a
+        // dead runner task; the coordinator has released its key.
         let result = match prepared {
-            Some(p) => call.prepared(p).run(action).await,
-            None => call.run(action).await,
+            Some(p) => crate::unwind::catch(call.prepared(p).run(action)).await,
+            None => crate::unwind::catch(call.run(action)).await,
         };
-        self.settled(result, delivery)
+        match result {
+            Ok(result) => self.settled(result, delivery),
+            Err(panic) => self.panicked(&*panic, delivery),
+        }
+    }
+
+    /// The settlement of a handler that panicked: a handler failure.
+    fn panicked<T>(&self, panic: &(dyn std::any::Any + Send), delivery: u32) -> Processed<T> {
+        let message = crate::unwind::message(panic);
+        tracing::warn!(operation = %self.operation, panic = message, "the handler panicked");
+        let failed: Result<Receipt<T>, Error<String>> =
+            Err(Error::Action(format!("the handler panicked: {message}")));
+        self.settled(failed, delivery)
     }
 
     async fn unprotected<M>(&self, message: &M, delivery: u32) -> Processed<H::Output>
@@ -506,13 +623,18 @@ impl<S: Store, K, H> Processor<S, K, H> {
         M: Clone,
         H: Handle<M>,
     {
-        let result = self
-            .handler
-            .handle(message.clone(), Attempt::unprotected())
-            .await
-            .map(|v| Receipt::new(v, crate::Source::Unprotected, None))
-            .map_err(Error::Action);
-        self.settled(result, delivery)
+        let handled =
+            crate::unwind::catch(self.handler.handle(message.clone(), Attempt::unprotected()))
+                .await;
+        match handled {
+            Ok(result) => {
+                let result = result
+                    .map(|v| Receipt::new(v, crate::Source::Unprotected, None))
+                    .map_err(Error::Action);
+                self.settled(result, delivery)
+            }
+            Err(panic) => self.panicked(&*panic, delivery),
+        }
     }
 
     fn settled<T, E: fmt::Display>(

@@ -110,6 +110,7 @@ pub enum ErrorKind {
 /// | [`Error::ResultUnavailable`] | `Ack` (the effect happened) | 500 |
 /// | [`Error::Decode`] | `DeadLetter` | 500 |
 /// | [`Error::Store`], store unavailable | `Retry { after: None }` | 503 |
+/// | [`Error::Store`], phase `Complete`, lease lost (a [`Completer`](crate::Completer)'s transaction: the effect rolled back) | `Retry { after: None }` | 500 |
 /// | [`Error::Store`], any other store error | `DeadLetter` | 500 |
 ///
 /// `Ack` means acknowledge (commit the offset): nothing is left to do. `Retry` means
@@ -277,6 +278,12 @@ impl<E> Error<E> {
             Error::Store { source, .. } if source.kind() == StoreErrorKind::Unavailable => {
                 Disposition::Retry { after: None }
             }
+            // Only a `Completer` (the caller's transaction) reports a lost lease: the
+            // completion was refused, so the effect rolled back with it and must run again.
+            Error::Store {
+                phase: Phase::Complete,
+                source,
+            } if source.kind() == StoreErrorKind::LeaseLost => Disposition::Retry { after: None },
             Error::InvalidKey(_)
             | Error::Config { .. }
             | Error::KeyReused
@@ -432,5 +439,75 @@ impl<E: StdError + 'static> StdError for Error<E> {
             Error::Store { source, .. } => Some(source),
             _ => None,
         }
+    }
+}
+
+/// An action's refusal to take an irreversible step because its lease is lost, or ends
+/// within the margin it asked for ([`Attempt::check_lease`](crate::Attempt::check_lease)):
+/// another caller may take the key over and run the effect, so this one stops. Return it
+/// from the action (with `?`: it converts into `std::io::Error`, `Box<dyn Error>` and
+/// `anyhow::Error`); the call then fails with [`Error::Action`] and the effect runs on the
+/// next delivery, or is already running elsewhere.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use idemkit_core::{Attempt, LeaseLost};
+///
+/// // An unprotected attempt has no lease to lose.
+/// assert!(Attempt::unprotected().check_lease(Duration::from_secs(1)).is_ok());
+/// let e = LeaseLost::new(Duration::from_millis(3));
+/// assert_eq!(e.lease_left, Duration::from_millis(3));
+/// let io: std::io::Error = e.into();
+/// assert!(io.to_string().contains("lease"));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the lease on this key is lost or about to end ({} ms left): another caller may run this effect",
+    lease_left.as_millis()
+)]
+#[non_exhaustive]
+pub struct LeaseLost {
+    /// What was left of the lease, as the coordinator knows it (zero once it is lost).
+    pub lease_left: Duration,
+}
+
+impl LeaseLost {
+    /// One, with `lease_left` left.
+    ///
+    /// # Example
+    ///
+    /// See [`LeaseLost`].
+    pub fn new(lease_left: Duration) -> Self {
+        LeaseLost { lease_left }
+    }
+}
+
+impl From<LeaseLost> for std::io::Error {
+    fn from(e: LeaseLost) -> Self {
+        std::io::Error::other(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Before: a completer's refused completion (the caller's transaction lost its lease,
+    /// its effect rolled back) was dead-lettered like a corrupt record.
+    #[test]
+    fn a_completers_lost_lease_is_retried_not_dead_lettered() {
+        let lost = Error::<()>::Store {
+            phase: Phase::Complete,
+            source: StoreError::lease_lost(),
+        };
+        assert_eq!(lost.disposition(), Disposition::Retry { after: None });
+        assert!(lost.is_retryable());
+        let corrupt = Error::<()>::Store {
+            phase: Phase::Begin,
+            source: StoreError::corrupt("bad magic"),
+        };
+        assert_eq!(corrupt.disposition(), Disposition::DeadLetter);
     }
 }

@@ -62,6 +62,7 @@ mod policy;
 pub mod record;
 pub mod scan;
 pub mod store;
+mod unwind;
 
 pub use codec::{BytesCodec, Codec, JsonCodec};
 pub use coordinator::{
@@ -70,11 +71,11 @@ pub use coordinator::{
 };
 pub use downstream::{DownstreamKey, DownstreamSecret, SecretTooShort};
 pub use dynamic::DynStore;
-pub use error::{Disposition, Error, ErrorKind, Phase};
+pub use error::{Disposition, Error, ErrorKind, LeaseLost, Phase};
 pub use fingerprint::Fingerprint;
 pub use ident::{IdentKind, Key, KeyError, Operation, Scope, StorageKey};
 pub use memory::MemoryStore;
-pub use policy::{InFlight, OnStoreError, Policy};
+pub use policy::{InFlight, OnCancel, OnStoreError, Policy};
 pub use record::{
     FencingToken, OwnerToken, Record, RecordError, RecordState, ResultKind, StoredResult,
 };

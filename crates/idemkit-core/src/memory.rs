@@ -345,11 +345,16 @@ impl Store for MemoryStore {
                     return Ok(Claim::Mismatch);
                 }
                 Ok(match &slot.state {
-                    // Our own reservation, asked for again (a retried `begin`).
-                    State::Reserved if slot.owner == req.owner => Claim::Reserved {
-                        ownership: Ownership::new(slot.owner, slot.fencing),
-                        took_over: false,
-                    },
+                    // Our own reservation, asked for again (a retried `begin`, a batch's
+                    // claim confirmed): a renewal, so the lease its caller counts from now
+                    // is the store's.
+                    State::Reserved if slot.owner == req.owner => {
+                        slot.expires = after(now, req.lease);
+                        Claim::Reserved {
+                            ownership: Ownership::new(slot.owner, slot.fencing),
+                            took_over: false,
+                        }
+                    }
                     State::Reserved => Claim::InFlight {
                         retry_after: slot.expires - now,
                         fencing: slot.fencing,
@@ -402,6 +407,15 @@ impl Store for MemoryStore {
                     && slot.expires > now =>
             {
                 slot.expires = after(now, ttl);
+                Ok(())
+            }
+            // Completed by this very lease (the renewal crossed the completion on the way):
+            // nothing to extend, nothing lost.
+            Some(Entry::Record(slot))
+                if slot.owned_by(lease)
+                    && matches!(slot.state, State::Completed(_))
+                    && slot.expires > now =>
+            {
                 Ok(())
             }
             _ => Err(StoreError::lease_lost()),

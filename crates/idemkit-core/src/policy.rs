@@ -52,6 +52,37 @@ pub enum OnStoreError {
     FailOpen,
 }
 
+/// What happens to a reservation when its call's future is dropped while the action runs
+/// (a `select!` or timeout around the call, a task aborted, a runtime shutting down).
+///
+/// A dropped action stopped at an arbitrary `.await`: its effect may be half done, or sent
+/// and still landing downstream (a request on the wire, a message in a producer's buffer).
+/// A crashed process leaves its key reserved until the lease ends; by default a dropped call
+/// does the same, so a retry cannot run the effect again while the first attempt may still
+/// be taking effect. A call dropped after its action returned `Ok` always stores the result
+/// (ARCHITECTURE.md rows 17 and 18).
+///
+/// # Example
+///
+/// ```
+/// use idemkit_core::{OnCancel, Policy};
+///
+/// assert_eq!(Policy::default().on_cancel, OnCancel::KeepLease);
+/// let eager = Policy::default().on_cancel(OnCancel::Release);
+/// assert_eq!(eager.on_cancel, OnCancel::Release);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnCancel {
+    /// Leave the reservation to expire with its lease (it is no longer renewed): the next
+    /// delivery runs after at most one lease. The default, and what a crash does.
+    KeepLease,
+    /// Release the reservation at once (from a background task), so the next delivery runs
+    /// now. For actions that are safe to repeat as soon as they are cancelled (nothing
+    /// leaves the process before they return).
+    Release,
+}
+
 /// The coordinator's policy, set per coordinator and overridable per operation and per call.
 ///
 /// | field | default | why |
@@ -65,6 +96,7 @@ pub enum OnStoreError {
 /// | `store_timeout` | 5 s | a store call that has not answered by then counts as unavailable |
 /// | `max_hold` | 1 h | an action still running after this stops renewing: its key can be taken over |
 /// | `retry_hint` | `None` | `Error::InFlight`'s `retry_after` is the time left on the owner's lease |
+/// | `on_cancel` | [`OnCancel::KeepLease`] | a dropped call's effect may still be landing: its retry waits out the lease |
 ///
 /// Durations above [`Policy::MAX_DURATION`] (100 years) are clamped to it, so no deadline
 /// computed from a policy can overflow. A zero `lease` or `ttl` is refused when a call runs,
@@ -114,6 +146,8 @@ pub struct Policy {
     /// it), never more than the time left on the owner's lease. `None`: the time left on
     /// the lease.
     pub retry_hint: Option<Duration>,
+    /// What a call dropped while its action runs does with its reservation.
+    pub on_cancel: OnCancel,
 }
 
 /// The shortest lease: renewing every third of it must still leave time to do anything.
@@ -147,6 +181,7 @@ impl Policy {
             store_timeout: Duration::from_secs(5),
             max_hold: Duration::from_secs(3600),
             retry_hint: None,
+            on_cancel: OnCancel::KeepLease,
         }
     }
 
@@ -281,6 +316,17 @@ impl Policy {
             Some(h) => Some(clamp(h)),
             None => None,
         };
+        self
+    }
+
+    /// What a call dropped while its action runs does with its reservation (see
+    /// [`OnCancel`]).
+    ///
+    /// # Example
+    ///
+    /// See [`OnCancel`].
+    pub const fn on_cancel(mut self, on_cancel: OnCancel) -> Self {
+        self.on_cancel = on_cancel;
         self
     }
 

@@ -464,8 +464,11 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// owner, or report a fingerprint mismatch; atomically. An expired reservation or record
     /// counts as absent. A new reservation's fencing token is greater than every earlier one
     /// of this key. A live reservation held by `req.owner` with the same fingerprint is
-    /// returned as `Reserved` with its existing fencing token: a `begin` whose reply was lost
-    /// and that is sent again must not make its caller wait on its own reservation.
+    /// returned as `Reserved` with its existing fencing token, and its lease is extended to
+    /// `req.lease` from now, as [`renew`](Store::renew) would: a `begin` whose reply was lost
+    /// and that is sent again must not make its caller wait on its own reservation, and a
+    /// claim confirmed late (a batch's, [`begin_many`](Store::begin_many)) must run on a
+    /// lease that starts when its caller thinks it does.
     fn begin(
         &self,
         req: &BeginRequest<'_>,
@@ -509,7 +512,8 @@ pub trait Store: Clone + Send + Sync + 'static {
 
     /// Extend the lease to `lease` from now, only if `ownership` (owner token *and* fencing
     /// token) still owns a live reservation; otherwise [`StoreErrorKind::LeaseLost`] and
-    /// nothing changes.
+    /// nothing changes. If `ownership` has already completed the key (a renewal that
+    /// crossed its own completion), succeed and change nothing: the lease was not lost.
     fn renew(
         &self,
         key: &StorageKey,

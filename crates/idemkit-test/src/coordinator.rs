@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idemkit_core::{
-    BeginRequest, Claim, Coordinator, Error, ErrorKind, Fingerprint, InFlight, Key, Operation,
-    OwnerToken, Policy, RawStore, Source, StorageKey, Store,
+    BeginRequest, Claim, Coordinator, Error, ErrorKind, Fingerprint, InFlight, Key, OnCancel,
+    Operation, OwnerToken, Policy, RawStore, Source, StorageKey, Store,
 };
 use tokio::sync::Notify;
 
@@ -286,32 +286,106 @@ pub async fn a_reused_key_is_refused_in_flight_and_after<H: Harness>(h: &H) {
     assert_eq!(mailer.sent(), 1);
 }
 
-/// A call dropped while its action runs releases the key (from a background task), so the
-/// next delivery runs at once rather than after the lease.
-pub async fn dropping_a_call_mid_action_releases_the_key<H: Harness>(h: &H) {
+/// A call dropped while its action runs keeps its key until the lease ends, as a crashed
+/// owner would: the cancelled effect may still be landing downstream, so a retry must not
+/// run it at once. Once the lease ends (it is no longer renewed), the next call runs.
+pub async fn a_dropped_call_keeps_its_key_for_the_lease<H: Harness>(h: &H) {
+    let lease = Duration::from_millis(600);
+    let c = Coordinator::builder(h.store().await)
+        .policy(Policy::default().lease(lease).in_flight(InFlight::Reject))
+        .build();
+    let (op, key) = (operation(), fresh_key("dropped"));
+    let call = spawn_pending_owner(&c, &key).await;
+    call.abort();
+    let _ = call.await;
+    h.advance(Duration::from_millis(100)).await;
+    let next = c
+        .call(&op, &key)
+        .run(|_| async { Ok::<_, Infallible>("next".to_string()) })
+        .await;
+    assert!(
+        matches!(next, Err(Error::InFlight { .. })),
+        "a dropped call gave its key up before its lease ended: {next:?}"
+    );
+    h.advance(lease).await;
+    let next = c
+        .call(&op, &key)
+        .run(|_| async { Ok::<_, Infallible>("next".to_string()) })
+        .await
+        .expect("the lease ended");
+    assert_eq!(next.source, Source::Fresh);
+}
+
+/// With `OnCancel::Release`, a call dropped while its action runs releases its key from a
+/// background task, so the next delivery runs at once rather than after the lease.
+pub async fn a_dropped_call_releases_its_key_when_asked<H: Harness>(h: &H) {
+    let c = Coordinator::builder(h.store().await)
+        .policy(
+            Policy::default()
+                .in_flight(InFlight::Reject)
+                .on_cancel(OnCancel::Release),
+        )
+        .build();
+    let (op, key) = (operation(), fresh_key("dropped-release"));
+    let call = spawn_pending_owner(&c, &key).await;
+    call.abort();
+    let _ = call.await;
+    assert_runs_soon(h, &c, &op, &key, "the dropped call's key was not released").await;
+}
+
+/// An action that panics releases its key (the panic goes on to the caller): like an
+/// action that failed, its retry runs at once, not after the lease.
+pub async fn a_panicking_action_releases_its_key<H: Harness>(h: &H) {
     let c = Coordinator::builder(h.store().await)
         .policy(Policy::default().in_flight(InFlight::Reject))
         .build();
-    let (op, key) = (operation(), fresh_key("dropped"));
+    let (op, key) = (operation(), fresh_key("panics"));
+    let call = tokio::spawn(c.call_owned(operation(), key.clone()).run(|_| async {
+        if fastrand::u8(..) < 255 {
+            panic!("the handler panicked");
+        }
+        Ok::<_, Infallible>("never".to_string())
+    }));
+    let joined = call.await;
+    assert!(
+        joined.as_ref().is_err_and(|e| e.is_panic()),
+        "the panic reaches the caller: {joined:?}"
+    );
+    assert_runs_soon(h, &c, &op, &key, "a panicking action kept its key").await;
+}
+
+/// A call on `key` whose action never ends, once its action runs.
+async fn spawn_pending_owner<S: Store>(
+    c: &Coordinator<S>,
+    key: &Key,
+) -> tokio::task::JoinHandle<Result<idemkit_core::Receipt<String>, Error<Infallible>>> {
     let started = Arc::new(Notify::new());
     let call = {
-        let (c, key, started) = (c.clone(), key.clone(), started.clone());
-        tokio::spawn(async move {
-            c.call_owned(operation(), key)
+        let started = started.clone();
+        tokio::spawn(
+            c.call_owned(operation(), key.clone())
                 .run(move |_| async move {
                     started.notify_one();
                     std::future::pending::<Result<String, Infallible>>().await
-                })
-                .await
-        })
+                }),
+        )
     };
     wait_started(&started, "the owner").await;
-    call.abort();
-    let _ = call.await;
-    // The release runs in the background: give it a few moments, far below the 15 s lease.
+    call
+}
+
+/// The next call of `key` runs fresh within a few moments (a release in the background),
+/// far below the 15 s lease.
+async fn assert_runs_soon<H: Harness>(
+    h: &H,
+    c: &Coordinator<H::Store>,
+    op: &Operation,
+    key: &Key,
+    failure: &str,
+) {
     for _ in 0..100 {
         match c
-            .call(&op, &key)
+            .call(op, key)
             .run(|_| async { Ok::<_, Infallible>("next".to_string()) })
             .await
         {
@@ -323,7 +397,7 @@ pub async fn dropping_a_call_mid_action_releases_the_key<H: Harness>(h: &H) {
             Err(e) => panic!("unexpected {e:?}"),
         }
     }
-    panic!("the dropped call's key was not released");
+    panic!("{failure}");
 }
 
 /// A waiter dropped mid-wait (a timeout, a disconnected client) changes nothing: the owner
@@ -523,47 +597,71 @@ pub async fn a_prepared_batch_runs_each_effect_once<H: Harness>(h: &H) {
     assert_eq!(r.source, Source::Fresh);
 }
 
-/// A prepared reservation that waited longer than a renewal interval is confirmed by a
-/// `begin` with its owner token before the action runs: the action runs once, on a lease
-/// the store has just confirmed, and a duplicate that came meanwhile is not run.
-pub async fn a_stale_prepared_claim_is_confirmed_before_the_action<H: Harness>(h: &H) {
+/// A prepared reservation that waited longer than a renewal interval (its batch's earlier
+/// messages were slow) is confirmed by a `begin` with its owner token, which renews it: the
+/// action then runs on a lease that lasts. A duplicate at the batch's original lease end is
+/// refused, the owner is not told its lease is lost, and its result is stored.
+///
+/// Before the fix, the confirming `begin` left the store's lease where the batch had set it
+/// while the coordinator counted a fresh one from the confirmation: the duplicate ran too.
+pub async fn a_stale_prepared_claim_runs_on_a_renewed_lease<H: Harness>(h: &H) {
     let store = h.store().await;
+    let lease = Duration::from_millis(600);
     let c = Coordinator::builder(store.clone())
-        .policy(policy(600))
+        .policy(Policy::default().lease(lease))
         .build();
     let op = operation();
     let key = fresh_key("batch-stale");
     let mut prepared = c.prepare(&op, std::slice::from_ref(&key)).await;
     let p = prepared.pop().expect("one");
     assert!(p.is_reserved());
-    // Longer than a renewal interval (200 ms), shorter than the lease.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    // A duplicate meanwhile finds the batch's reservation in flight.
+    // The batch's earlier messages took 0.8 of a lease.
+    h.advance(lease * 4 / 5).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let lost_at_old_expiry = Arc::new(std::sync::Mutex::new(None));
+    let started = Arc::new(Notify::new());
+    let owner = {
+        let (runs, lost, started) = (runs.clone(), lost_at_old_expiry.clone(), started.clone());
+        tokio::spawn(c.call_owned(operation(), key.clone()).prepared(p).run(
+            move |attempt| async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                started.notify_one();
+                // Past the batch's lease end (1.07 leases after the prepare).
+                tokio::time::sleep(lease / 4 + Duration::from_millis(10)).await;
+                *lost.lock().expect("lock") = Some(attempt.is_lease_lost());
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                Ok::<_, Infallible>("once".to_string())
+            },
+        ))
+    };
+    wait_started(&started, "the batch's owner").await;
+    // 1.1 leases after the prepare: the batch's lease would have ended.
+    h.advance(lease / 4 + Duration::from_millis(30)).await;
     let dup = c
         .call(&op, &key)
         .in_flight(InFlight::Reject)
         .run(|_| async { Ok::<_, Infallible>("dup".to_string()) })
         .await;
-    assert!(matches!(dup, Err(Error::InFlight { .. })), "{dup:?}");
-    let runs = AtomicUsize::new(0);
-    let r = c
-        .call(&op, &key)
-        .prepared(p)
-        .run(|attempt| {
-            runs.fetch_add(1, Ordering::SeqCst);
-            async move {
-                assert!(!attempt.is_lease_lost(), "runs on a confirmed lease");
-                Ok::<_, Infallible>("once".to_string())
-            }
-        })
-        .await
-        .expect("the prepared call");
+    assert!(
+        matches!(dup, Err(Error::InFlight { .. })),
+        "a duplicate ran beside the batch's owner: {dup:?}"
+    );
+    let r = owner.await.expect("task").expect("the prepared call");
     assert_eq!((r.value.as_str(), r.source), ("once", Source::Fresh));
+    assert!(r.stored, "the owner's result is stored");
+    assert_eq!(
+        *lost_at_old_expiry.lock().expect("lock"),
+        Some(false),
+        "the owner was told its lease was lost"
+    );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     let again = c
         .call(&op, &key)
         .run(|_| async { Ok::<_, Infallible>("again".to_string()) })
         .await
         .expect("replay");
-    assert_eq!(again.value, "once");
+    assert_eq!(
+        (again.value.as_str(), again.source),
+        ("once", Source::Replayed)
+    );
 }

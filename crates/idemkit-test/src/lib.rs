@@ -163,7 +163,9 @@ macro_rules! __with_checks {
             two_waiters_are_both_woken,
             a_cancelled_wait_leaves_the_key_wakeable,
             complete_after_expiry_before_takeover_is_refused,
-            begin_many_answers_each_key_as_begin_would
+            begin_many_answers_each_key_as_begin_would,
+            begin_by_its_own_owner_renews_the_lease,
+            renew_after_its_own_completion_succeeds
         }
     };
 }
@@ -175,7 +177,8 @@ macro_rules! __with_raw_checks {
     ($then:ident!($($args:tt)*)) => {
         $crate::$then! { $($args)*;
             corrupt_and_foreign_records_are_typed_errors,
-            purge_removes_anything
+            purge_removes_anything,
+            purge_wakes_waiters
         }
     };
 }
@@ -193,14 +196,16 @@ macro_rules! __with_coordinator_checks {
             a_stale_owner_cannot_clobber_its_successor,
             an_owner_whose_renewals_fail_loses_to_its_successor,
             a_reused_key_is_refused_in_flight_and_after,
-            dropping_a_call_mid_action_releases_the_key,
+            a_dropped_call_keeps_its_key_for_the_lease,
+            a_dropped_call_releases_its_key_when_asked,
+            a_panicking_action_releases_its_key,
             a_cancelled_waiter_changes_nothing,
             a_short_outage_at_completion_is_retried,
             a_store_outage_fails_closed_or_open,
             a_permanent_error_is_stored_and_replayed,
             durations_at_the_extremes,
             a_prepared_batch_runs_each_effect_once,
-            a_stale_prepared_claim_is_confirmed_before_the_action
+            a_stale_prepared_claim_runs_on_a_renewed_lease
         }
     };
 }
@@ -237,7 +242,8 @@ macro_rules! __with_scan_checks {
     ($then:ident!($($args:tt)*)) => {
         $crate::$then! { $($args)*;
             a_scan_lists_each_record_of_the_operation_once,
-            remove_is_fenced
+            remove_is_fenced,
+            remove_wakes_waiters
         }
     };
 }

@@ -1,7 +1,7 @@
 //! [`Probe`]: a store wrapper that counts calls per phase and injects faults.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -85,6 +85,11 @@ struct State {
     /// While set, `complete` waits for [`Probe::open_complete`] before reaching the store.
     hold_complete: AtomicBool,
     complete_gate: Notify,
+    /// Per phase: how many of the next calls reach the store and then never answer (the
+    /// request applied, its reply lost).
+    lost_replies: [AtomicUsize; 5],
+    /// Per phase: how long each call waits before it reaches the store, in microseconds.
+    delays: [AtomicU64; 5],
 }
 
 /// Wraps a store, counting calls per phase and failing chosen phases with `Unavailable`:
@@ -156,6 +161,37 @@ impl<S: Store> Probe<S> {
         self.state.hangs[fault as usize].store(n, Ordering::SeqCst);
     }
 
+    /// Makes the next `n` calls of a phase reach the inner store and then never answer: the
+    /// store applied the request, the reply was lost (a connection cut after the write, a
+    /// timeout on a slow reply).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use idemkit_test::{Fault, Probe};
+    /// let probe = Probe::new(idemkit_core::MemoryStore::new());
+    /// probe.lose_reply_next(Fault::Begin, 1);
+    /// ```
+    pub fn lose_reply_next(&self, fault: Fault, n: usize) {
+        self.state.lost_replies[fault as usize].store(n, Ordering::SeqCst);
+    }
+
+    /// Delays every call of a phase by `d` before it reaches the inner store (a slow store
+    /// or a slow network); `Duration::ZERO` ends it.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use idemkit_test::{Fault, Probe};
+    /// let probe = Probe::new(idemkit_core::MemoryStore::new());
+    /// probe.delay(Fault::Complete, Duration::from_millis(150));
+    /// ```
+    pub fn delay(&self, fault: Fault, d: Duration) {
+        let micros = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        self.state.delays[fault as usize].store(micros, Ordering::SeqCst);
+    }
+
     /// Makes `complete` wait until [`open_complete`](Probe::open_complete).
     ///
     /// # Example
@@ -224,12 +260,32 @@ impl<S: Store> Probe<S> {
                 std::future::pending::<()>().await;
             }
         }
+        if let Some(f) = fault {
+            let micros = self.state.delays[f as usize].load(Ordering::SeqCst);
+            if micros > 0 {
+                tokio::time::sleep(Duration::from_micros(micros)).await;
+            }
+        }
         match fault {
             Some(f) if self.state.faults[f as usize].load(Ordering::SeqCst) => {
                 Err(StoreError::unavailable(format!("injected {f:?} outage")))
             }
             _ => Ok(()),
         }
+    }
+}
+
+impl<S> Probe<S> {
+    /// After the inner store answered: never answer if this call's reply is to be lost.
+    async fn reply<T>(&self, fault: Fault, answer: T) -> T {
+        let lost = &self.state.lost_replies[fault as usize];
+        if lost
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            std::future::pending::<()>().await;
+        }
+        answer
     }
 }
 
@@ -243,7 +299,8 @@ impl<S: Store> Store for Probe<S> {
 
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Claim, StoreError> {
         self.enter(0, Some(Fault::Begin)).await?;
-        self.inner.begin(req).await
+        let answer = self.inner.begin(req).await;
+        self.reply(Fault::Begin, answer).await
     }
 
     async fn renew(
@@ -253,7 +310,8 @@ impl<S: Store> Store for Probe<S> {
         ttl: Duration,
     ) -> Result<(), StoreError> {
         self.enter(1, Some(Fault::Renew)).await?;
-        self.inner.renew(key, lease, ttl).await
+        let answer = self.inner.renew(key, lease, ttl).await;
+        self.reply(Fault::Renew, answer).await
     }
 
     async fn complete(
@@ -270,12 +328,14 @@ impl<S: Store> Store for Probe<S> {
             }
             opened.await;
         }
-        self.inner.complete(key, lease, completion).await
+        let answer = self.inner.complete(key, lease, completion).await;
+        self.reply(Fault::Complete, answer).await
     }
 
     async fn release(&self, key: &StorageKey, lease: &Ownership) -> Result<(), StoreError> {
         self.enter(3, Some(Fault::Release)).await?;
-        self.inner.release(key, lease).await
+        let answer = self.inner.release(key, lease).await;
+        self.reply(Fault::Release, answer).await
     }
 
     async fn wait(

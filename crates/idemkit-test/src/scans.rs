@@ -180,3 +180,15 @@ where
     );
     store.purge(&foreign).await.expect("purge");
 }
+
+/// A waiter returns when an operator removes the reservation under its fencing token
+/// (`idemkit purge`, `idemkit release --force`, the status page), long before its timeout.
+pub async fn remove_wakes_waiters<H: Harness>(h: &H)
+where
+    H::Store: Scan,
+{
+    crate::suite::wait_wakes_on(h, |store, key, lease| async move {
+        assert!(store.remove(&key, lease.fencing).await.expect("remove"));
+    })
+    .await;
+}

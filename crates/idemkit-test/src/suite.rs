@@ -247,7 +247,14 @@ pub async fn renew_extends_the_lease<H: Harness>(h: &H) {
     ));
 }
 
-async fn wait_wakes_on<H: Harness>(h: &H, complete: bool) {
+/// A waiter on a reservation renewed far beyond the wait returns long before its timeout
+/// when `end` ends the reservation: only a push can wake it.
+pub(crate) async fn wait_wakes_on<H, F, Fut>(h: &H, end: F)
+where
+    H: Harness,
+    F: FnOnce(H::Store, StorageKey, Ownership) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
     let store = h.store().await;
     let key = unique_key("wait");
     let lease = reserve(&store, &key).await;
@@ -269,29 +276,45 @@ async fn wait_wakes_on<H: Harness>(h: &H, complete: bool) {
         })
     };
     h.advance(Duration::from_millis(50)).await; // let the waiter subscribe
-    if complete {
-        store
-            .complete(&key, &lease, &value("1"))
-            .await
-            .expect("complete");
-    } else {
-        store.release(&key, &lease).await.expect("release");
-    }
+    end(store, key, lease).await;
     let waited = waiter.await.expect("waiter");
+    // Woken by the push: PostgreSQL's store re-checks a waited-on row every 2 s, so a wait
+    // that took a second or more was not woken by this ending.
     assert!(
-        waited < timeout / 2,
+        waited < Duration::from_secs(1),
         "the waiter was not woken (waited {waited:?})"
     );
 }
 
 /// A waiter returns when the owner completes, long before its timeout.
 pub async fn wait_wakes_on_completion<H: Harness>(h: &H) {
-    wait_wakes_on(h, true).await;
+    wait_wakes_on(h, |store, key, lease| async move {
+        store
+            .complete(&key, &lease, &value("1"))
+            .await
+            .expect("complete");
+    })
+    .await;
 }
 
 /// A waiter returns when the owner releases, long before its timeout.
 pub async fn wait_wakes_on_release<H: Harness>(h: &H) {
-    wait_wakes_on(h, false).await;
+    wait_wakes_on(h, |store, key, lease| async move {
+        store.release(&key, &lease).await.expect("release");
+    })
+    .await;
+}
+
+/// A waiter returns when an operator purges the reservation (`RawStore::purge`), long
+/// before its timeout: the next delivery runs at once, not after the dead owner's lease.
+pub async fn purge_wakes_waiters<H: Harness>(h: &H)
+where
+    H::Store: RawStore,
+{
+    wait_wakes_on(h, |store, key, _| async move {
+        assert!(store.purge(&key).await.expect("purge"));
+    })
+    .await;
 }
 
 /// Waiting on a reservation that is already gone (or never was) returns at once.
@@ -456,8 +479,8 @@ pub async fn completion_is_idempotent_for_its_owner<H: Harness>(h: &H) {
         Claim::Replay(c) => assert_eq!(&c.outcome.bytes()[..], b"\"a\""),
         other => panic!("expected a replay, got {other:?}"),
     }
-    // A completed key cannot be renewed or released by its owner either.
-    assert_lease_lost(store.renew(&key, &lease, LEASE).await, "renew completed");
+    // A completed key cannot be released by its owner; a renewal changes nothing (see
+    // `renew_after_its_own_completion_succeeds`).
     assert_lease_lost(store.release(&key, &lease).await, "release completed");
 }
 
@@ -789,4 +812,90 @@ pub async fn begin_many_answers_each_key_as_begin_would<H: Harness>(h: &H) {
         .await
         .expect("the batch's owner completes");
     assert!(store.begin_many(&[]).await.is_empty());
+}
+
+/// A `begin` sent again by the key's owner is a renewal: it extends the lease to its
+/// `lease` from now, as `renew` would. A claim confirmed late (a batch's reservation, a
+/// `begin` whose reply was lost) then runs on the lease its caller believes in.
+pub async fn begin_by_its_own_owner_renews_the_lease<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let key = unique_key("begin-renews");
+    let first = req(&key);
+    let lease = reserve_with(&store, &first).await;
+    h.advance(Duration::from_millis(600)).await;
+    match store.begin(&first).await.expect("begin again") {
+        Claim::Reserved { ownership, .. } => assert_eq!(ownership, lease),
+        other => panic!("the owner's own begin got {other:?}"),
+    }
+    h.advance(Duration::from_millis(600)).await;
+    // 1.2 s after reserving with a 1 s lease: alive only because the second begin renewed it.
+    match store.begin(&req(&key)).await.expect("begin") {
+        Claim::InFlight { fencing, .. } => assert_eq!(fencing, lease.fencing),
+        other => panic!("expected the renewed lease in flight, got {other:?}"),
+    }
+    // The same through a batch: two keys reserved together, confirmed together later.
+    let (a, b) = (unique_key("batch-renews-a"), unique_key("batch-renews-b"));
+    let reqs = [req(&a), req(&b)];
+    let claims = store.begin_many(&reqs).await;
+    assert!(
+        claims
+            .iter()
+            .all(|c| matches!(c, Ok(Claim::Reserved { .. }))),
+        "{claims:?}"
+    );
+    h.advance(Duration::from_millis(600)).await;
+    let again = store.begin_many(&reqs).await;
+    for (claim, first) in again.iter().zip(&claims) {
+        match (claim, first) {
+            (Ok(Claim::Reserved { ownership, .. }), Ok(Claim::Reserved { ownership: o, .. })) => {
+                assert_eq!(ownership, o)
+            }
+            other => panic!("the batch's own begin got {other:?}"),
+        }
+    }
+    h.advance(Duration::from_millis(600)).await;
+    for key in [&a, &b] {
+        assert!(
+            matches!(
+                store.begin(&req(key)).await.expect("begin"),
+                Claim::InFlight { .. }
+            ),
+            "a batch's reservation confirmed by its owner's begin_many expired with its first lease"
+        );
+    }
+}
+
+/// A renewal that meets its owner's own completed record (a completion and a renewal on the
+/// wire together, the completion first) succeeds and changes nothing: the owner's lease was
+/// not lost, its result is stored.
+pub async fn renew_after_its_own_completion_succeeds<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let key = unique_key("renew-completed");
+    let lease = reserve(&store, &key).await;
+    store
+        .complete(&key, &lease, &value("\"em_1\""))
+        .await
+        .expect("complete");
+    store
+        .renew(&key, &lease, LEASE)
+        .await
+        .expect("a renewal after the owner's own completion");
+    match store.begin(&req(&key)).await.expect("begin") {
+        Claim::Replay(r) => assert_eq!(&r.outcome.bytes()[..], b"\"em_1\""),
+        other => panic!("the completed record changed: {other:?}"),
+    }
+    // Someone else's completed record is still refused.
+    let other = Ownership::new(OwnerToken::random(), lease.fencing);
+    assert_lease_lost(
+        store.renew(&key, &other, LEASE).await,
+        "a stranger's renewal",
+    );
+    h.advance(Duration::ZERO).await;
+}
+
+async fn reserve_with<S: Store>(store: &S, req: &BeginRequest<'_>) -> Ownership {
+    match store.begin(req).await.expect("begin") {
+        Claim::Reserved { ownership, .. } => ownership,
+        other => panic!("expected a reservation, got {other:?}"),
+    }
 }

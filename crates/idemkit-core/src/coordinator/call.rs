@@ -12,7 +12,7 @@ use super::errors::{ReleaseOnError, StorePermanent};
 use super::lease::LeaseState;
 use crate::codec::Codec;
 use crate::downstream::{DownstreamKey, DownstreamSecret};
-use crate::error::Error;
+use crate::error::{Error, LeaseLost};
 use crate::policy::{InFlight, Policy};
 use crate::record::FencingToken;
 use crate::store::Store;
@@ -64,6 +64,12 @@ pub struct Receipt<T> {
     pub source: Source,
     /// The fencing token of the reservation that produced the value (none if unprotected).
     pub fencing: Option<FencingToken>,
+    /// Whether the store holds this outcome, so that later calls with the key replay it
+    /// instead of running the action: always for a replay, never for an unprotected run,
+    /// and for a fresh run only if its completion was stored (`false`: the store stayed
+    /// unreachable until the lease ended, or the lease was lost; the next delivery after
+    /// the lease runs the action again, ARCHITECTURE.md rows 7 and 21).
+    pub stored: bool,
 }
 
 impl<T> Receipt<T> {
@@ -82,7 +88,22 @@ impl<T> Receipt<T> {
             value,
             source,
             fencing,
+            stored: source != Source::Unprotected,
         }
+    }
+
+    /// Sets [`stored`](Receipt::stored) (by default, true unless unprotected).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use idemkit_core::{Receipt, Source};
+    /// let o = Receipt::new("em_1", Source::Fresh, None).with_stored(false);
+    /// assert!(!o.stored);
+    /// ```
+    pub fn with_stored(mut self, stored: bool) -> Self {
+        self.stored = stored;
+        self
     }
 
     /// Whether the value was replayed from the store.
@@ -227,6 +248,68 @@ impl Attempt {
     /// See [`Attempt`].
     pub fn is_lease_lost(&self) -> bool {
         self.lease.as_ref().is_some_and(|l| l.is_lost())
+    }
+
+    /// The instant until which the store has confirmed the lease (the send time of the last
+    /// confirmed `begin` or renewal, plus the lease; the moment of loss once it is lost), on
+    /// tokio's clock. `None` for an unprotected run. Renewals move it on while the action
+    /// runs.
+    ///
+    /// # Example
+    ///
+    /// See [`check_lease`](Attempt::check_lease).
+    pub fn lease_deadline(&self) -> Option<tokio::time::Instant> {
+        self.lease.as_ref().map(|l| l.confirmed_until())
+    }
+
+    /// What is left of the lease as far as the coordinator knows (see
+    /// [`lease_deadline`](Attempt::lease_deadline)): zero once it is lost, `None` for an
+    /// unprotected run.
+    ///
+    /// # Example
+    ///
+    /// See [`check_lease`](Attempt::check_lease).
+    pub fn lease_left(&self) -> Option<Duration> {
+        self.lease.as_ref().map(|l| l.left())
+    }
+
+    /// `Ok` if the lease is held for at least `margin` more: call it just before an
+    /// irreversible step, with a margin above the step's own duration, and return its
+    /// [`LeaseLost`] with `?` to skip the step when another caller may take the key over
+    /// before the step lands. Always `Ok` for an unprotected run.
+    ///
+    /// # Errors
+    ///
+    /// [`LeaseLost`] when the lease is lost, or ends within `margin`.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use idemkit_core::{Coordinator, Key, MemoryStore, Operation};
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
+    /// # let c = Coordinator::new(MemoryStore::new());
+    /// # let (op, key) = (Operation::new("op")?, Key::new("k")?);
+    /// let out = c.call(&op, &key).run(|attempt| async move {
+    ///     assert!(attempt.lease_left().unwrap() > Duration::from_secs(10));
+    ///     attempt.check_lease(Duration::from_secs(2))?; // the send takes up to 2 s
+    ///     // provider.send(invoice).await?
+    ///     Ok::<_, std::io::Error>("em_1".to_string())
+    /// }).await?;
+    /// assert_eq!(out.value, "em_1");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn check_lease(&self, margin: Duration) -> Result<(), LeaseLost> {
+        let Some(lease) = &self.lease else {
+            return Ok(());
+        };
+        let left = lease.left();
+        if left.is_zero() || left < margin {
+            return Err(LeaseLost::new(left));
+        }
+        Ok(())
     }
 
     /// Resolves when the lease is lost or can no longer be confirmed (see

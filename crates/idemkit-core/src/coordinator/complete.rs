@@ -113,7 +113,18 @@ impl<S: Store, C> Call<'_, S, C> {
             downstream: Some(self.downstream(key)),
         };
         let started = now();
-        let result = keeper.keep_while(action(attempt)).await;
+        let result = match keeper
+            .keep_while(crate::unwind::catch(action(attempt)))
+            .await
+        {
+            Ok(result) => result,
+            Err(panic) => {
+                // As in `run_owned`: a panic is a failed action, its key released.
+                guard.pending = Pending::Done;
+                self.release(key, &lease, policy).await;
+                std::panic::resume_unwind(panic);
+            }
+        };
         op.metrics().timing(Phase::Action, started);
         let (completion, answer) = match self.after_action(result, &lease, effective, errors) {
             AfterAction::Store(completion, answer) => (completion, answer),

@@ -255,6 +255,15 @@ impl<S: Store, C> Call<'_, S, C> {
                     }
                 }
                 Err(source) => {
+                    if source.is_unavailable() {
+                        // Row 19: the begin may have reserved before its answer was lost.
+                        super::lease::release_orphan(
+                            store,
+                            &req,
+                            after(started, policy.lease),
+                            policy.store_timeout,
+                        );
+                    }
                     return Box::pin(self.store_failed(Phase::Begin, source, policy, action)).await;
                 }
             }
@@ -338,7 +347,18 @@ impl<S: Store, C> Call<'_, S, C> {
                 lease: Some(state.clone()),
                 downstream: Some(self.downstream(key)),
             };
-            let result = action(attempt).await;
+            let result = match crate::unwind::catch(action(attempt)).await {
+                Ok(result) => result,
+                Err(panic) => {
+                    // A panic is a failed action: release the key (its retry runs at once,
+                    // as after an error), then let the panic go on to the caller.
+                    guard.pending = Pending::Done;
+                    tracing::warn!(operation = %op, key = %self.key,
+                        panic = crate::unwind::message(&*panic), "the action panicked; releasing its key");
+                    Box::pin(self.release(key, &lease, policy)).await;
+                    std::panic::resume_unwind(panic);
+                }
+            };
             op.metrics().timing(Phase::Action, started);
             let (completion, answer) = match self.after_action(result, &lease, effective, errors) {
                 AfterAction::Store(completion, answer) => (completion, answer),
@@ -353,7 +373,7 @@ impl<S: Store, C> Call<'_, S, C> {
             let stored = keeper.complete(&completion).await;
             guard.pending = Pending::Done;
             match answer {
-                Ok(outcome) => Ok(outcome),
+                Ok(receipt) => Ok(receipt.with_stored(stored)),
                 Err(e) if stored => Err(Error::ActionStored(e)),
                 // A permanent error that was not stored: the key expires with its lease,
                 // and a retry runs the action again.
@@ -384,7 +404,7 @@ impl<S: Store, C> Call<'_, S, C> {
         }
     }
 
-    /// The guard that releases the key if the owner's call is dropped.
+    /// The guard that finishes the reservation if the owner's call is dropped.
     #[inline]
     pub(super) fn guard<'k>(&'k self, key: &'k StorageKey, lease: Ownership) -> Guard<'k, S> {
         Guard {
@@ -393,6 +413,7 @@ impl<S: Store, C> Call<'_, S, C> {
             lease,
             operation: &self.operation,
             pending: Pending::Release,
+            on_cancel: self.policy.on_cancel,
         }
     }
 

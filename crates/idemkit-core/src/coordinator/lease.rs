@@ -15,8 +15,9 @@ use tokio::time::Instant;
 
 use crate::clock::now;
 use crate::error::Phase;
-use crate::policy::Policy;
-use crate::store::{CompleteRequest, Ownership, Store, StoreError};
+use crate::policy::{OnCancel, Policy};
+use crate::record::RecordState;
+use crate::store::{BeginRequest, CompleteRequest, Ownership, Store, StoreError};
 use crate::{Operation, StorageKey};
 
 /// What the owner knows about its lease, shared with the action's [`Attempt`](super::Attempt).
@@ -24,8 +25,12 @@ use crate::{Operation, StorageKey};
 pub(crate) struct LeaseState {
     /// Set when the store said the lease is gone, or renewals stopped for good.
     lost: AtomicBool,
+    /// Set once the action returned and its outcome is being stored: renewals then go on
+    /// past `max_hold` (the hold limit is for hung actions, not for a slow completion).
+    completing: AtomicBool,
     /// The end of the lease as last confirmed by the store: the instant the confirming call
-    /// was *sent*, plus the lease (the store's clock started no earlier than that).
+    /// was *sent*, plus the lease (the store's clock started no earlier than that). Moved
+    /// back to the moment of loss when the lease is lost.
     confirmed_until: Mutex<Instant>,
     changed: Notify,
 }
@@ -34,9 +39,18 @@ impl LeaseState {
     pub(crate) fn new(confirmed_until: Instant) -> Self {
         LeaseState {
             lost: AtomicBool::new(false),
+            completing: AtomicBool::new(false),
             confirmed_until: Mutex::new(confirmed_until),
             changed: Notify::new(),
         }
+    }
+
+    /// What is left of the lease, as far as the owner knows (zero once lost).
+    pub(crate) fn left(&self) -> Duration {
+        if self.lost.load(Ordering::SeqCst) {
+            return Duration::ZERO;
+        }
+        self.confirmed_until().saturating_duration_since(now())
     }
 
     pub(crate) fn confirmed_until(&self) -> Instant {
@@ -55,6 +69,13 @@ impl LeaseState {
     }
 
     pub(crate) fn lose(&self) {
+        {
+            let mut at = self
+                .confirmed_until
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            *at = (*at).min(now());
+        }
         self.lost.store(true, Ordering::SeqCst);
         self.changed.notify_waiters();
     }
@@ -187,7 +208,11 @@ impl<S: Store> Keeper<'_, S> {
         loop {
             tokio::time::sleep_until(next).await;
             let sent = now();
-            if sent.duration_since(self.reserved_at) >= self.policy.max_hold {
+            // The hold limit is for a hung action; once the action returned, the renewals
+            // go on until its completion answers (row 26), however long that takes.
+            if !self.state.completing.load(Ordering::SeqCst)
+                && sent.duration_since(self.reserved_at) >= self.policy.max_hold
+            {
                 self.operation.metrics().lease_lost.increment(1);
                 tracing::warn!(operation = %op, key = %key, max_hold_ms = self.policy.max_hold.as_millis() as u64,
                     "the action has held its key past max_hold: renewals stop, the key can be taken over when the lease ends");
@@ -223,10 +248,16 @@ impl<S: Store> Keeper<'_, S> {
         }
     }
 
-    /// Stores the outcome, retrying an unavailable store with backoff while the lease is
-    /// confirmed (the renewals go on meanwhile). Returns whether it was stored.
+    /// Stores the outcome, retrying an unavailable store with backoff until the lease has
+    /// really ended (the renewals go on meanwhile, and extend it if the store answers them):
+    /// the last try is sent just before the confirmed end, which the store's own lease
+    /// outlasts. Returns whether it was stored.
     pub(crate) async fn complete(&self, completion: &CompleteRequest) -> bool {
         let (op, key) = (self.operation, self.key);
+        self.state.completing.store(true, Ordering::SeqCst);
+        let since = now();
+        // How long before the confirmed end the last try goes out.
+        let margin = (self.policy.lease / 20).min(Duration::from_millis(50));
         let mut backoff = Duration::from_millis(50);
         loop {
             let started = now();
@@ -251,10 +282,18 @@ impl<S: Store> Keeper<'_, S> {
                 return false;
             }
             op.metrics().store_error(Phase::Complete);
-            let retry_at = now() + backoff;
+            let at = now();
+            let last = self
+                .state
+                .confirmed_until()
+                .checked_sub(margin)
+                .unwrap_or(at);
+            let retry_at = after(at, backoff).min(last);
             if !e.is_unavailable()
-                || self.state.is_lost()
-                || retry_at >= self.state.confirmed_until()
+                || self.state.lost.load(Ordering::SeqCst)
+                || retry_at <= at
+                // A store that renews but never completes: bounded like a hung action.
+                || at.duration_since(since) >= self.policy.max_hold
             {
                 op.metrics().completion_failed.increment(1);
                 tracing::warn!(operation = %op, key = %key, error = %e,
@@ -290,13 +329,23 @@ pub(crate) struct Guard<'a, S: Store> {
     pub(crate) lease: Ownership,
     pub(crate) operation: &'a Operation,
     pub(crate) pending: Pending,
+    /// What a drop mid-action does (row 17).
+    pub(crate) on_cancel: OnCancel,
 }
 
 impl<S: Store> Drop for Guard<'_, S> {
     fn drop(&mut self) {
         let pending = mem::replace(&mut self.pending, Pending::Done);
-        if matches!(pending, Pending::Done) {
-            return;
+        match pending {
+            Pending::Done => return,
+            Pending::Release if self.on_cancel == OnCancel::KeepLease => {
+                // Row 17: the cancelled effect may still be landing downstream; like a
+                // crash, the key stays reserved until its lease (no longer renewed) ends.
+                tracing::debug!(operation = %self.operation, key = %self.key,
+                    "call dropped mid-action: the key stays reserved until its lease ends");
+                return;
+            }
+            _ => {}
         }
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return; // no runtime: the lease expires on its own
@@ -321,4 +370,59 @@ impl<S: Store> Drop for Guard<'_, S> {
             }
         });
     }
+}
+
+/// Row 19: a `begin` whose answer was lost (it timed out, or the connection dropped after
+/// the request went out) may have reserved the key for its owner token. Nobody would ever
+/// release that reservation: every retry would wait out its lease. So a background task
+/// reads the key (`Store::get`, which never reserves anything) and releases a reservation
+/// held by this owner token; it reads again once more after `store_timeout` (a slow begin
+/// may land after the first read), retrying while the store is unavailable, until the
+/// orphan's lease would have ended anyway.
+pub(crate) fn release_orphan<S: Store>(
+    store: &S,
+    req: &BeginRequest<'_>,
+    until: Instant,
+    store_timeout: Duration,
+) {
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return; // no runtime: the lease expires on its own
+    };
+    let (store, key, owner) = (store.clone(), req.key.clone(), req.owner);
+    handle.spawn(async move {
+        let mut backoff = Duration::from_millis(50);
+        let mut second_look = Some(store_timeout);
+        loop {
+            let next = match bounded(store_timeout, store.call_timeout(), store.get(&key)).await {
+                Ok(Some(r)) if r.owner == owner && matches!(r.state, RecordState::Reserved) => {
+                    let ownership = Ownership::new(owner, r.fencing);
+                    let released =
+                        bounded(store_timeout, store.call_timeout(), store.release(&key, &ownership))
+                            .await;
+                    match released {
+                        Err(e) if !e.is_lease_lost() => {
+                            tracing::debug!(key = %key, error = %e,
+                                "releasing a lost begin's reservation failed; it expires with its lease");
+                        }
+                        _ => tracing::debug!(key = %key, "released a lost begin's reservation"),
+                    }
+                    return;
+                }
+                Ok(_) => match second_look.take() {
+                    Some(later) => after(now(), later),
+                    None => return,
+                },
+                Err(e) if !e.is_unavailable() => return,
+                Err(_) => {
+                    let next = after(now(), backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    next
+                }
+            };
+            if next >= until {
+                return;
+            }
+            tokio::time::sleep_until(next).await;
+        }
+    });
 }

@@ -341,4 +341,64 @@ impl<S: Store> Coordinator<S> {
             Cow::Owned(key),
         )
     }
+
+    /// Waits while a live owner holds `key`'s reservation, at most `timeout`: returns as
+    /// soon as the key is completed, released (by its owner or an operator), purged or its
+    /// lease ends, woken by the store's push where it has one. For a caller that was told
+    /// [`Error::InFlight`](crate::Error::InFlight) and would otherwise sleep for the hint
+    /// (the owner's whole lease): a runner's retry goes on the moment the key is free.
+    /// Returns at once if nobody holds the key. A store call is bounded by the policy's
+    /// `store_timeout`; reading the key costs one `get`, waiting one `wait` per lease the
+    /// owner renews.
+    ///
+    /// # Errors
+    ///
+    /// The store's error, if it fails (the caller then falls back to sleeping).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use idemkit_core::{Coordinator, Key, MemoryStore, Operation};
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
+    /// let c = Coordinator::new(MemoryStore::new());
+    /// let (op, key) = (Operation::new("op")?, Key::new("k")?);
+    /// // Nobody holds the key: returns at once.
+    /// c.wait_while_reserved(&op, None, &key, Duration::from_secs(60)).await?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub async fn wait_while_reserved(
+        &self,
+        operation: &Operation,
+        scope: Option<&crate::Scope>,
+        key: &Key,
+        timeout: std::time::Duration,
+    ) -> Result<(), crate::StoreError> {
+        let store = self.store();
+        let bound = self.policy_for(operation).store_timeout;
+        let key = crate::StorageKey::new(operation, scope, key);
+        let deadline = after(crate::clock::now(), timeout);
+        loop {
+            let record = lease::bounded(bound, store.call_timeout(), store.get(&key)).await?;
+            let Some(record) = record else {
+                return Ok(());
+            };
+            if !matches!(record.state, crate::RecordState::Reserved) {
+                return Ok(());
+            }
+            let left = deadline.saturating_duration_since(crate::clock::now());
+            if left.is_zero() {
+                return Ok(());
+            }
+            let own = store.call_timeout().map(|t| t.saturating_add(left));
+            lease::bounded(
+                left.saturating_add(bound),
+                own,
+                store.wait(&key, record.fencing, left),
+            )
+            .await?;
+        }
+    }
 }
