@@ -12,6 +12,8 @@ pub(crate) struct Statements {
     pub(crate) begin: String,
     pub(crate) begin_many: String,
     pub(crate) renew: String,
+    pub(crate) completed_by: String,
+    pub(crate) advance_fencing: String,
     pub(crate) complete: String,
     pub(crate) release: String,
     pub(crate) wait: String,
@@ -108,6 +110,20 @@ impl Statements {
                 "UPDATE {t} SET expires_at = clock_timestamp() + $4 * interval '1 microsecond' \
                  WHERE {owned} AND state = 1 AND expires_at > clock_timestamp()"
             ),
+            // After a renewal found no reservation to extend: whether the same lease has
+            // completed the row (a renewal that crossed its owner's completion). A statement
+            // of its own, so its snapshot sees a completion that committed while the
+            // renewal's `UPDATE` waited on the row.
+            completed_by: format!(
+                "SELECT 1 FROM {t} WHERE {owned} AND state = 2 AND expires_at > clock_timestamp()"
+            ),
+            // Raises the fencing sequence past a token written by hand (`put_raw`), so that
+            // the next reservation's token is larger. Only ever forward: the check and the
+            // `setval` are one statement.
+            advance_fencing: format!(
+                "SELECT setval('{seq}', $1) FROM \"{}\".\"{}_fencing\" WHERE last_value < $1",
+                table.schema, table.name
+            ),
             // Completes and, if a waiter flagged the row, notifies: at commit, so a waiter
             // wakes when the result is visible (in the transactional call, when the caller
             // commits). A second completion by the same owner finds its own completed row:
@@ -153,7 +169,13 @@ impl Statements {
                    created_at = excluded.created_at, expires_at = excluded.expires_at, waiting = false, \
                    kind = excluded.kind, result = excluded.result"
             ),
-            purge: format!("DELETE FROM {t} WHERE key = $1"),
+            // Wakes a waiter, as `release` does: an operator's purge of a stuck
+            // reservation lets the next delivery run at once.
+            purge: format!(
+                "WITH d AS (DELETE FROM {t} WHERE key = $1 RETURNING waiting), \
+                 n AS (SELECT pg_notify('{channel}', $1) FROM d WHERE d.waiting) \
+                 SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM n)"
+            ),
             // Oldest first, skipping rows another purger (or an owner) holds: bounded work
             // per statement, and no waiting on anyone.
             purge_expired: format!(

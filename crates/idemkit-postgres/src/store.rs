@@ -511,7 +511,21 @@ impl Store for PgStore {
                 .await
                 .map_err(|e| self.err(e))?;
             let Some(row) = row else { continue };
-            return self.claim_of(req, &row, 0);
+            let claim = self.claim_of(req, &row, 0)?;
+            if let Claim::Reserved { ownership, .. } = &claim
+                && !row.try_get::<bool, _>(0).map_err(|e| self.err(e))?
+            {
+                // The caller's own reservation, asked for again: a `begin` is a renewal
+                // (the `Store::begin` contract). Rare (a lost reply, a batch's claim
+                // confirmed late), so a second statement rather than a costlier first one.
+                match self.renew(req.key, ownership, req.lease).await {
+                    Ok(()) => {}
+                    // It ended between the two statements: reserve anew.
+                    Err(e) if e.is_lease_lost() => continue,
+                    Err(e) => return Err(e),
+                }
+            }
+            return Ok(claim);
         }
         Err(StoreError::unavailable(format!(
             "begin found no row {BEGIN_ATTEMPTS} times in a row under contention"
@@ -562,13 +576,20 @@ impl Store for PgStore {
             let Some(i) = key.ok().and_then(|k| keys.iter().position(|x| *x == k)) else {
                 continue;
             };
-            claims[i] = Some(self.claim_of(&reqs[i], row, 1));
+            let claim = self.claim_of(&reqs[i], row, 1);
+            let mine: bool = row.try_get(1).unwrap_or(true);
+            // The caller's own reservation, asked for again: `begin` renews it (below).
+            claims[i] = match claim {
+                Ok(Claim::Reserved { .. }) if !mine => None,
+                other => Some(other),
+            };
         }
         let mut out = Vec::with_capacity(reqs.len());
         for (req, claim) in reqs.iter().zip(claims) {
             out.push(match claim {
                 Some(c) => c,
-                // The snapshot race: this key alone again.
+                // The snapshot race, or the caller's own reservation to renew: this key
+                // alone again.
                 None => self.begin(req).await,
             });
         }
@@ -590,9 +611,20 @@ impl Store for PgStore {
             .await
             .map_err(|e| self.err(e))?;
         if done.rows_affected() == 1 {
-            Ok(())
-        } else {
-            Err(StoreError::lease_lost())
+            return Ok(());
+        }
+        // Completed by this very lease meanwhile (the renewal crossed the completion):
+        // nothing to extend, nothing lost.
+        let completed = sqlx::query(&self.inner.sql.completed_by)
+            .bind(key.as_str())
+            .bind(&owner_bytes(ownership)[..])
+            .bind(fencing_i64(ownership.fencing))
+            .fetch_optional(&self.inner.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        match completed {
+            Some(_) => Ok(()),
+            None => Err(StoreError::lease_lost()),
         }
     }
 
@@ -685,6 +717,13 @@ impl RawStore for PgStore {
         let q = sqlx::query(&self.inner.sql.put_raw).bind(key.as_str());
         let q = match Record::decode(&bytes) {
             Ok(r) => {
+                // Keep the fencing sequence above anything written by hand: tokens of
+                // later reservations must still increase (as on every store).
+                sqlx::query(&self.inner.sql.advance_fencing)
+                    .bind(fencing_i64(r.fencing))
+                    .fetch_optional(&self.inner.pool)
+                    .await
+                    .map_err(|e| self.err(e))?;
                 let (state, kind, result) = match r.state {
                     RecordState::Reserved => (1i16, None, None),
                     RecordState::Completed(o) => (
@@ -718,11 +757,12 @@ impl RawStore for PgStore {
     }
 
     async fn purge(&self, key: &StorageKey) -> Result<bool, StoreError> {
-        let done = sqlx::query(&self.inner.sql.purge)
+        let deleted: i64 = sqlx::query(&self.inner.sql.purge)
             .bind(key.as_str())
-            .execute(&self.inner.pool)
+            .fetch_one(&self.inner.pool)
             .await
+            .and_then(|row| row.try_get(0))
             .map_err(|e| self.err(e))?;
-        Ok(done.rows_affected() > 0)
+        Ok(deleted > 0)
     }
 }

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use idemkit_core::{
-    Attempt, Call, Codec, CompleteRequest, Completer, Error, Ownership, Receipt, StorageKey,
+    Attempt, Call, Codec, CompleteRequest, Completer, Error, Ownership, Phase, Receipt, StorageKey,
     StoreError,
 };
 use sqlx::{Executor as _, PgConnection, Postgres, Transaction};
@@ -58,6 +58,9 @@ impl<'a, C> InTransaction<'a, C> for Call<'a, PgStore, C> {
 ///    until your commit (then it replays) or rollback.
 /// 4. You commit. If you roll back instead (or crash), the reservation ends with its lease
 ///    and the next delivery runs the action again, in a new transaction.
+///
+/// Run it in a READ COMMITTED transaction (PostgreSQL's default): under REPEATABLE READ or
+/// SERIALIZABLE the call is refused with [`Error::Config`] before anything is reserved.
 ///
 /// When the call fails after the action ran (the action's own error, or a completion that
 /// could not be written because the lease was lost or the database failed), the
@@ -173,6 +176,30 @@ async fn settle<T, E>(
     result
 }
 
+/// The transactional call reserves and renews through the store's pool, outside the
+/// caller's transaction, and completes inside it: that needs each statement of the
+/// transaction to see rows committed after the transaction began (READ COMMITTED). Under
+/// REPEATABLE READ or SERIALIZABLE the completion cannot see its own reservation (or fails
+/// with a serialization error after a renewal), so the call is refused before anything is
+/// reserved. One statement, before the reservation.
+async fn check_isolation<E>(conn: &mut PgConnection, store: &PgStore) -> Result<(), Error<E>> {
+    let level: String = sqlx::query_scalar("SELECT current_setting('transaction_isolation')")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|e| Error::Store {
+            phase: Phase::Begin,
+            source: store.err(e),
+        })?;
+    if level == "read committed" {
+        Ok(())
+    } else {
+        Err(Error::Config {
+            reason: "the transactional call needs a READ COMMITTED transaction (the reservation \
+                     is committed outside it, and the completion in it must see it)",
+        })
+    }
+}
+
 impl<C> TxCall<'_, '_, C> {
     /// Runs the action in the transaction at most once for this key (across every
     /// transaction that commits), and stores its value in the same transaction; or replays
@@ -192,6 +219,7 @@ impl<C> TxCall<'_, '_, C> {
         F: for<'t> FnOnce(&'t mut PgConnection, Attempt) -> TxFuture<'t, Result<T, E>>,
     {
         let store = self.call.store().clone();
+        check_isolation(self.conn, &store).await?;
         let slot = Mutex::new(Some(self.conn));
         let ran = AtomicBool::new(false);
         let completer = InTx { store, slot: &slot };
@@ -223,6 +251,7 @@ impl<C> TxCall<'_, '_, C> {
         F: for<'t> FnOnce(&'t mut PgConnection, Attempt) -> TxFuture<'t, Result<T, E>>,
     {
         let store = self.call.store().clone();
+        check_isolation(self.conn, &store).await?;
         let slot = Mutex::new(Some(self.conn));
         let ran = AtomicBool::new(false);
         let completer = InTx { store, slot: &slot };

@@ -1,6 +1,7 @@
 //! Statements per call, counted as sqlx sends them (one `sqlx::query` event per statement
-//! executed): a hit is one statement, a miss two, a transactional miss two (its begin on the
-//! pool, its completion in the caller's transaction). The benchmark counts the same on the
+//! executed): a hit is one statement, a miss two, a transactional miss three (the
+//! transaction's isolation level read on its connection, its begin on the pool, its
+//! completion in the caller's transaction). The benchmark counts the same on the
 //! server, from its statement log.
 
 mod support;
@@ -152,8 +153,8 @@ fn a_hit_is_one_statement_a_miss_two_and_a_batch_one() {
             tx.commit().await.unwrap();
             if round > 0 {
                 assert_eq!(
-                    n, 3,
-                    "transactional miss: begin + the action's insert + complete"
+                    n, 4,
+                    "transactional miss: isolation check + begin + the action's insert + complete"
                 );
             }
         }

@@ -407,3 +407,46 @@ async fn a_takeover_of_an_expired_reservation_is_reported() {
         }
     ));
 }
+
+/// Issue 20, item 8: a record written by hand (`RawStore::put_raw`) with a fencing token
+/// ahead of the table's sequence keeps later tokens increasing, as on every other store.
+///
+/// Before: `put_raw` did not advance the sequence: a record written with token 1,000,000
+/// expired, and the next `begin` got a token from the sequence (in the hundreds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_written_by_hand_keeps_fencing_tokens_increasing() {
+    use idemkit_core::{
+        BeginRequest, Claim, FencingToken, OwnerToken, RawStore, Record, RecordState,
+    };
+    let Some(store) = support::store().await else {
+        return;
+    };
+    let key = idemkit_test::unique_key("put-raw-fencing");
+    let ahead: i64 = sqlx::query_scalar("SELECT last_value FROM idemkit_test.records_fencing")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    let written = FencingToken::new(ahead as u64 + 1_000_000);
+    let record = Record {
+        state: RecordState::Reserved,
+        owner: OwnerToken::random(),
+        fencing: written,
+        fingerprint: None,
+        created_at_ms: 0,
+        expires_at_ms: 0,
+    };
+    store
+        .put_raw(&key, record.encode().into(), Duration::from_millis(50))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let req = BeginRequest::new(&key, OwnerToken::random(), Duration::from_secs(5));
+    match store.begin(&req).await.unwrap() {
+        Claim::Reserved { ownership, .. } => assert!(
+            ownership.fencing > written,
+            "the fencing token went backwards: {:?} after {written:?}",
+            ownership.fencing
+        ),
+        other => panic!("{other:?}"),
+    }
+}

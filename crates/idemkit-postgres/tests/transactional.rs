@@ -380,3 +380,48 @@ async fn a_plain_key_loses_a_rolled_back_effect_the_transactional_call_does_not(
         );
     }
 }
+
+/// Issue 20, item 8: the transactional call needs READ COMMITTED, and says so before it
+/// reserves anything.
+///
+/// Before: under REPEATABLE READ, after a first statement had taken the snapshot, the
+/// completion could not see the reservation committed outside the transaction:
+/// `Err(Store { phase: Complete, LeaseLost })`, which `Error::disposition` dead-lettered
+/// although the effect rolled back; and the key stayed reserved for the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_that_is_not_read_committed_is_refused_before_anything_is_reserved() {
+    let Some((store, c)) = setup().await else {
+        return;
+    };
+    for level in ["REPEATABLE READ", "SERIALIZABLE"] {
+        let order = support::order("isolation");
+        let key = Key::new(&order).unwrap();
+        let mut tx = store.pool().begin().await.unwrap();
+        sqlx::query(&format!("SET TRANSACTION ISOLATION LEVEL {level}"))
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+        let o = order.clone();
+        let ran = Arc::new(AtomicUsize::new(0));
+        let r = ran.clone();
+        let out = c
+            .call(&op(), &key)
+            .in_transaction(&mut tx)
+            .run(|conn, _| {
+                r.fetch_add(1, Ordering::SeqCst);
+                Box::pin(async move { credit(conn, &o).await })
+            })
+            .await;
+        assert!(
+            matches!(out, Err(Error::Config { .. })),
+            "{level}: expected a configuration error, got {out:?}"
+        );
+        assert_eq!(ran.load(Ordering::SeqCst), 0, "{level}: the action ran");
+        tx.rollback().await.unwrap();
+        // Nothing was reserved: the next delivery, in a READ COMMITTED transaction, runs.
+        let r = deliver(&store, &c, &key, &order).await;
+        assert_eq!(r.source, Source::Fresh, "{level}");
+        assert_eq!(support::ledger_rows(store.pool(), &order).await, 1);
+    }
+}

@@ -15,8 +15,8 @@
 -- ARGV[1] flags byte (1 with a fingerprint, else 0) and owner token (16 bytes)
 -- ARGV[2] lease ms  ARGV[3] fingerprint (16 bytes) or ''
 -- Returns an integer > 0     reserved for the caller (now, or already by this same owner
---                            token: a retried begin whose first reply was lost); the integer
---                            is its fencing token
+--                            token: a retried begin whose first reply was lost, whose lease
+--                            it then renews); the integer is its fencing token
 --         0                  a live record with another fingerprint
 --         a string           a live completed record with the same fingerprint (replay), or
 --                            bytes that are not a record of ours (the client reports Corrupt)
@@ -42,7 +42,10 @@ if v then
       return v
     end
     if string.sub(v, 7, 22) == string.sub(ARGV[1], 2) then
-      -- Ours already: this begin was sent twice.
+      -- Ours already: this begin was sent again (its first reply was lost, or a batch's
+      -- claim is being confirmed). It renews the lease, as renew.lua would, so the lease
+      -- runs from now, as its caller counts it.
+      redis.call('PEXPIRE', key, ARGV[2])
       return struct.unpack('>I8', v, 23)
     end
     local t = redis.call('TIME')

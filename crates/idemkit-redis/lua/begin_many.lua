@@ -35,6 +35,8 @@ for i, key in ipairs(KEYS) do
       elseif head == 'IDK\1\2' then
         reply = v
       elseif string.sub(v, 7, 22) == string.sub(owner, 2) then
+        -- Ours already (a batch sent again): renewed, as begin.lua does.
+        redis.call('PEXPIRE', key, lease)
         reply = struct.unpack('>I8', v, 23)
       else
         reply = {v, redis.call('PTTL', key), clock()}

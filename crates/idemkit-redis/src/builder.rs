@@ -304,21 +304,27 @@ impl RedisStoreBuilder {
             self.prefix,
             durable,
             waiters,
-            limit,
+            crate::Timeouts {
+                call: limit,
+                response: self.response_timeout,
+            },
             coalesce,
         ))
     }
 
     /// The longest one store call can take (see `Store::call_timeout`): a script call is at
     /// most three commands (`EVALSHA`, and after `NOSCRIPT` a `SCRIPT LOAD` and the
-    /// `EVALSHA` again), each bounded by the response timeout, plus one reconnect; a wait
-    /// adds its `SUBSCRIBE`. With the durability guard, none: a guarded write also opens
-    /// connections and waits for replicas, and the coordinator times it itself.
+    /// `EVALSHA` again), each bounded by the response timeout, plus one reconnect; one
+    /// response timeout more covers what comes before it: a `begin` whose first lane failed
+    /// fast and is sent on the next one, or a wait's subscribe step (bounded by the response
+    /// timeout itself). A queued (coalesced) call rides in one such script call. With the
+    /// durability guard, none: a guarded write also opens connections and waits for
+    /// replicas, and the coordinator times it itself.
     fn call_limit(&self) -> Option<Duration> {
         if self.replicas.is_some() {
             return None;
         }
-        Some(self.response_timeout * 3 + self.connection_timeout.max(self.response_timeout))
+        Some(self.response_timeout * 4 + self.connection_timeout.max(self.response_timeout))
     }
 }
 

@@ -27,8 +27,7 @@ use crate::{RedisStore, query_loading};
 
 /// The most keys sent in one script call. Small enough that several batches are on the wire
 /// at once, so the client handles one batch's replies while Redis runs the next (one large
-/// batch makes them take turns). Measured on 2 cores, c=64 misses: 16 gave 74.4k/s and 66.1k
-/// Redis instructions per miss, 128 gave 70.2k/s and 59.7k (docs/benchmarks.md).
+/// batch makes them take turns); the trade-off is measured in docs/benchmarks.md.
 const MAX_BATCH: usize = 16;
 
 /// A queued call's answer: the script's reply for its key.
@@ -162,16 +161,18 @@ impl Drop for Lead<'_> {
     }
 }
 
-/// If a flush task is dropped before it took the queue (its runtime shut down), the queued
-/// callers get an error and the next call schedules a flush again.
-struct Unsent<'a> {
-    store: &'a RedisStore,
+/// If a flush task is dropped before it took the queue (its runtime shut down, even before
+/// the task was first polled), the queued callers get an error and the next call schedules
+/// a flush again. Built before the task is spawned and moved into it, so that dropping the
+/// unpolled task drops it too.
+struct Unsent {
+    store: RedisStore,
     kind: Kind,
     lane: usize,
     armed: bool,
 }
 
-impl Drop for Unsent<'_> {
+impl Drop for Unsent {
     fn drop(&mut self) {
         if self.armed {
             let lane = &self.store.shared.lanes[self.lane];
@@ -185,20 +186,20 @@ impl Drop for Unsent<'_> {
 
 /// Spawns the flush task of `kind` on `lane` (the first queued call does, once per flush).
 pub(crate) fn spawn_flush(store: &RedisStore, kind: Kind, lane: usize) {
-    let store = store.clone();
+    let mut unsent = Unsent {
+        store: store.clone(),
+        kind,
+        lane,
+        armed: true,
+    };
     tokio::spawn(async move {
-        let unsent = Unsent {
-            store: &store,
-            kind,
-            lane,
-            armed: true,
-        };
         // Let the tasks that are ready queue their calls first: without this yield a
         // multi-thread runtime runs the new task at once (its LIFO slot), and batches hold one
-        // or two keys (measured: more Redis instructions per miss than no coalescing at all).
+        // or two keys (docs/benchmarks.md: more Redis instructions per miss than no coalescing
+        // at all).
         tokio::task::yield_now().await;
-        let mut unsent = unsent;
         unsent.armed = false;
+        let store = unsent.store.clone();
         match kind {
             Kind::Begin => {
                 for batch in store.shared.lanes[lane].begins.take_all() {

@@ -75,6 +75,15 @@ use lanes::Lane;
 use scripts::{LeaseArg, OwnerWithFlags, RecordTail, clear_watched};
 use wake::Waiters;
 
+/// The bounds a store enforces itself: one call (see `Store::call_timeout`), one response.
+pub(crate) struct Timeouts {
+    pub(crate) call: Option<Duration>,
+    pub(crate) response: Duration,
+}
+
+/// How many locks the subscribe steps of all channels share (see `Shared::pubsub`).
+const PUBSUB_STRIPES: usize = 64;
+
 /// A store on Redis. Cheap to clone: clones share the connections and the waiter registry.
 ///
 /// # Example
@@ -101,13 +110,19 @@ struct Shared {
     /// Local waiters per wake-up channel. The push handler (called by the connection for
     /// each pub/sub message) notifies them; a channel is subscribed while it has waiters.
     waiters: Arc<Waiters>,
-    /// Held while a `SUBSCRIBE` or `UNSUBSCRIBE` is on the wire, so that a background
-    /// unsubscribe (the last waiter of a channel left) can never overtake a new waiter's
-    /// subscribe to the same channel and cancel it: the unsubscribe re-checks, under this
-    /// lock, that nobody waits on the channel again.
-    pubsub: Arc<tokio::sync::Mutex<()>>,
-    /// The longest one call can take, enforced by the connection's response timeout.
+    /// Held while a `SUBSCRIBE` or `UNSUBSCRIBE` of a channel is on the wire, so that a
+    /// background unsubscribe (the last waiter of a channel left) can never overtake a new
+    /// waiter's subscribe to the same channel and cancel it: the unsubscribe re-checks, under
+    /// the lock, that nobody waits on the channel again. One lock per stripe of channels (by
+    /// the channel's digest), so waiters on different keys rarely queue behind each other.
+    pubsub: Arc<[tokio::sync::Mutex<()>]>,
+    /// The longest one call can take, enforced by the connection's response timeout (and,
+    /// for a wait's subscription, by `response_timeout`).
     call_timeout: Option<Duration>,
+    /// The connections' response timeout. It also bounds a wait's subscribe step (taking
+    /// its channel's lock and `SUBSCRIBE`): past it the waiter goes on without a push, and
+    /// wakes at the lease's end at the latest.
+    response_timeout: Duration,
     /// Whether concurrent begins and completes are coalesced (see `coalesce`).
     coalesce: bool,
     /// The connections calls go out on, each with its queues of coalesced calls, shared by
@@ -142,9 +157,13 @@ impl RedisStore {
         prefix: String,
         durable: Option<Durable>,
         waiters: Arc<Waiters>,
-        call_timeout: Option<Duration>,
+        timeouts: Timeouts,
         coalesce: bool,
     ) -> Self {
+        let Timeouts {
+            call: call_timeout,
+            response: response_timeout,
+        } = timeouts;
         let lanes = std::iter::once(conn.clone())
             .chain(more)
             .map(Lane::new)
@@ -155,8 +174,11 @@ impl RedisStore {
                 prefix,
                 durable: durable.map(Arc::new),
                 waiters,
-                pubsub: Arc::default(),
+                pubsub: (0..PUBSUB_STRIPES)
+                    .map(|_| tokio::sync::Mutex::new(()))
+                    .collect(),
                 call_timeout,
+                response_timeout,
                 coalesce,
                 lanes,
                 next_begin: Arc::default(),
@@ -197,6 +219,7 @@ impl RedisStore {
                 waiters: self.shared.waiters.clone(),
                 pubsub: self.shared.pubsub.clone(),
                 call_timeout: self.shared.call_timeout,
+                response_timeout: self.shared.response_timeout,
                 coalesce: self.shared.coalesce,
                 lanes: self.shared.lanes.clone(),
                 next_begin: self.shared.next_begin.clone(),
@@ -247,6 +270,12 @@ impl RedisStore {
     /// ```
     pub fn waiting_channels(&self) -> usize {
         self.shared.waiters.len()
+    }
+
+    /// The subscribe lock of a channel's stripe (see `Shared::pubsub`).
+    fn pubsub_lock(&self, channel: &str) -> &tokio::sync::Mutex<()> {
+        let stripes = &self.shared.pubsub;
+        &stripes[(keys::fnv1a(channel.as_bytes()) % stripes.len() as u64) as usize]
     }
 
     /// The variants of the scripts that wake waiters, for this deployment.
@@ -493,11 +522,17 @@ impl Store for RedisStore {
 
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Claim, StoreError> {
         let lane = self.begin_lane();
+        let sent = tokio::time::Instant::now();
         match self.begin_on(lane, req).await {
             // A connection idle through an outage reports it on its next call, while the
             // others work again: a begin takes the next lane then (sent again with the same
-            // owner token, it is answered as once, ARCHITECTURE row 24).
-            Err(e) if e.kind() == StoreErrorKind::Unavailable && self.shared.lanes.len() > 1 => {
+            // owner token, it is answered as once, ARCHITECTURE row 24). Only after a fast
+            // failure: one that timed out has used the time `call_timeout` allows for it.
+            Err(e)
+                if e.kind() == StoreErrorKind::Unavailable
+                    && self.shared.lanes.len() > 1
+                    && sent.elapsed() < self.shared.response_timeout =>
+            {
                 Box::pin(self.begin_on((lane + 1) % self.shared.lanes.len(), req)).await
             }
             claimed => claimed,
@@ -684,7 +719,7 @@ impl Store for RedisStore {
         let registration = self.shared.waiters.join(channel(&rkey), move |channel| {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 rt.spawn(async move {
-                    let _wire = store.shared.pubsub.lock().await;
+                    let _wire = store.pubsub_lock(&channel).lock().await;
                     if store.shared.waiters.has(&channel) {
                         return; // a new waiter came: it subscribed (or will), keep it
                     }
@@ -699,16 +734,25 @@ impl Store for RedisStore {
         let notified = notify.notified();
         // Every waiter waits for the channel's subscription before it checks the record, so
         // a completion after its check is published to a subscribed connection.
-        let subscribed = registration
-            .subscribed
-            .get_or_try_init(|| async {
-                let _wire = self.shared.pubsub.lock().await;
-                self.subscribe(&channel(&rkey)).await
-            })
-            .await;
-        if let Err(e) = subscribed {
+        // Bounded: the coordinator trusts `call_timeout` for the whole wait, and a lock held
+        // by a slow subscribe of another waiter (a reconnecting connection) must not hold
+        // this one past it.
+        let subscribed = tokio::time::timeout(
+            self.shared.response_timeout,
+            registration.subscribed.get_or_try_init(|| async {
+                let channel = channel(&rkey);
+                let _wire = self.pubsub_lock(&channel).lock().await;
+                self.subscribe(&channel).await
+            }),
+        )
+        .await;
+        match subscribed {
+            Ok(Ok(_)) => {}
             // No push: fall back to the lease's end, the bound every wait has anyway.
-            tracing::debug!(error = %e, "subscribe failed; waiting for the lease's end");
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "subscribe failed; waiting for the lease's end");
+            }
+            Err(_) => tracing::debug!("subscribe timed out; waiting for the lease's end"),
         }
         // Now check the reservation is still the live state and ask for a wake-up (the
         // owner may have finished between the caller's `begin` and here).

@@ -187,3 +187,66 @@ async fn cancelled_calls_never_wedge_the_queue() {
         );
     }
 }
+
+/// Issue 20, item 11: a flush task dropped before its first poll (its runtime shut down
+/// right after a call queued) must not leave its lane wedged.
+///
+/// Before: the guard that abandons the queue was built inside the task, so an unpolled
+/// task never built it: the lane stayed "flushing" with the dropped job queued, and every
+/// later call on it queued behind a flush that never came (this test's begin hung).
+#[test]
+fn a_flush_task_dropped_before_its_first_poll_leaves_no_wedge() {
+    use std::future::Future;
+    use std::task::Poll;
+
+    let server = RedisProcess::start(&[]);
+    let main = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    // One connection: every begin takes the same lane.
+    let store = main.block_on(async {
+        RedisStore::builder()
+            .prefix(format!("coalesce-{:x}", fastrand::u64(..)))
+            .connections(1)
+            .connect(&server.url())
+            .await
+            .unwrap()
+    });
+    let keys = keys(3);
+    let reqs: Vec<_> = keys
+        .iter()
+        .map(|k| BeginRequest::new(k, OwnerToken::random(), Duration::from_secs(30)))
+        .collect();
+    // A runtime that lives just long enough for one call to lead and one to queue, which
+    // spawns the flush task on it; the runtime is dropped before that task ever runs.
+    let doomed = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    doomed.block_on(async {
+        let mut lead = std::pin::pin!(store.begin(&reqs[0]));
+        let mut queued = std::pin::pin!(store.begin(&reqs[1]));
+        std::future::poll_fn(|cx| {
+            assert!(
+                lead.as_mut().poll(cx).is_pending(),
+                "the lead answered at once"
+            );
+            assert!(
+                queued.as_mut().poll(cx).is_pending(),
+                "the queued call answered at once"
+            );
+            Poll::Ready(())
+        })
+        .await;
+    });
+    drop(doomed);
+    let later = main.block_on(async {
+        tokio::time::timeout(Duration::from_secs(10), store.begin(&reqs[2])).await
+    });
+    assert!(
+        matches!(later, Ok(Ok(Claim::Reserved { .. }))),
+        "the lane is wedged: {later:?}"
+    );
+}

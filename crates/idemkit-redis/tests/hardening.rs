@@ -253,3 +253,52 @@ async fn a_waiter_cancelled_during_its_subscribe_does_not_stop_later_wake_ups() 
     assert!(cancelled.is_err(), "the wait should have been cancelled");
     a_new_waiter_is_woken_by_push(&store, &key, &lease).await;
 }
+
+/// Issue 20, item 11: every wait's subscribe step is bounded by the response timeout, and
+/// waiters on different keys do not queue behind each other's subscriptions. The
+/// coordinator sets no timer of its own on a RedisStore call (it trusts `call_timeout`), so
+/// a wait must end within its timeout plus `call_timeout`, whatever the server does.
+///
+/// Before: one lock per store serialised every `SUBSCRIBE`; with the server paused, 64
+/// waiters on 64 keys took turns of one response timeout each, and the last returned
+/// after about 64 × 200 ms, far past its 2 s timeout plus the store's 1.8 s bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_on_a_paused_server_end_within_their_bound() {
+    let server = RedisProcess::start(&[]);
+    let response = Duration::from_millis(200);
+    let store = RedisStore::builder()
+        .prefix(support::prefix())
+        .response_timeout(response)
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let bound = store.call_timeout().expect("a bound of its own");
+    let timeout = Duration::from_secs(2);
+    let mut reserved = Vec::new();
+    for i in 0..64 {
+        let key = storage_key(&format!("paused-{i}"));
+        let lease = reserve(&store, &key).await;
+        reserved.push((key, lease));
+    }
+    cli(server.port, &["client", "pause", "8000", "all"]);
+    let waits: Vec<_> = reserved
+        .into_iter()
+        .map(|(key, lease)| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let started = tokio::time::Instant::now();
+                let _ = store.wait(&key, lease.fencing, timeout).await;
+                started.elapsed()
+            })
+        })
+        .collect();
+    let mut longest = Duration::ZERO;
+    for w in waits {
+        longest = longest.max(w.await.unwrap());
+    }
+    cli(server.port, &["client", "unpause"]);
+    assert!(
+        longest <= timeout + bound,
+        "a wait took {longest:?}, past its timeout ({timeout:?}) plus the store's bound ({bound:?})"
+    );
+}
