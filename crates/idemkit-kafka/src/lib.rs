@@ -20,14 +20,29 @@
 //!   `idemkit-error` (the reason), `idemkit-topic`, `idemkit-partition` and `idemkit-offset`.
 //!   The offset is stored only once the dead-letter record is acknowledged by the broker:
 //!   a poison message is parked, never lost.
+//! - **Offsets as messages settle.** Each message's offset is stored the moment it is
+//!   settled, in offset order (a batch's first messages do not wait for its last), so a
+//!   crash or a rebalance sends the next owner only what was not finished.
+//! - **Panics.** A handler that panics is a failing handler: retried in place, then
+//!   dead-lettered, like one that returned an error (its key is released). A panic in the
+//!   [`on_settled`](KafkaRunner::on_settled) hook counts as a failure of that message too.
+//!   A partition task that dies anyway stops the runner with
+//!   [`RunnerError::PartitionFailed`]: a later offset of that partition is never stored
+//!   past a message that was not settled.
+//! - **Backpressure.** When a partition's queue is full (a slow handler, a store outage
+//!   retried in place), that partition is paused (`Consumer::pause`) and resumed once its
+//!   task has drained what was received: the runner keeps polling, so other partitions go
+//!   on, revocations are seen, and the member is never evicted for not polling.
 //! - **Revocation.** When partitions are revoked (a rebalance), their tasks take no new
 //!   work: queued messages of those partitions are dropped (the next owner receives them from
 //!   the last committed offset). A handler already running is **finished**, not cancelled
 //!   (cancelling an effect half-way is worse than finishing it), and its result is stored
 //!   under its key; its offset is not stored if the partition is gone. The new owner gets
 //!   the message again and its call waits for, then replays, that result: one effect.
-//!   The offsets stored so far are committed (synchronously) before the revocation
-//!   completes.
+//!   The offsets stored so far are committed before the revocation completes (an
+//!   asynchronous commit, so no runtime thread blocks on the broker).
+//!   [`on_rebalance`](KafkaRunner::on_rebalance) is told of every assignment and
+//!   revocation.
 //! - **Shutdown.** [`KafkaRunner::run`] stops polling when its `shutdown` future completes,
 //!   lets every running handler finish, and closes the consumer, which commits the stored
 //!   offsets.
@@ -69,9 +84,10 @@
 //!
 //! Messages reach the handler as [`OwnedMessage`]s (detached: the handler may keep them).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -83,6 +99,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, Stre
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, Headers as _, Message as _, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::topic_partition_list::TopicPartitionList;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
@@ -97,7 +114,30 @@ pub enum RunnerError {
     /// The configuration lacks something the runner needs.
     #[error("the runner's configuration lacks {0}")]
     Config(&'static str),
+    /// A partition's task died (a panic outside the handler and the hook): the runner
+    /// stops rather than store offsets past messages that were never settled. Restarted,
+    /// it resumes from the last stored offset.
+    #[error("the task of partition {partition} of {topic} died")]
+    PartitionFailed {
+        /// The partition's topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+    },
 }
+
+/// What [`on_rebalance`](KafkaRunner::on_rebalance) is told: partitions assigned to this
+/// member, or revoked from it (before the revocation completes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RebalanceEvent {
+    /// These `(topic, partition)`s are now this member's.
+    Assigned(Vec<(String, i32)>),
+    /// These are taken away: their tasks start nothing new.
+    Revoked(Vec<(String, i32)>),
+}
+
+type RebalanceHook = Arc<dyn Fn(&RebalanceEvent) + Send + Sync>;
 
 /// What the [`on_settled`](KafkaRunner::on_settled) hook is shown: one settled message.
 #[derive(Debug)]
@@ -118,6 +158,7 @@ pub struct KafkaRunner<S, K, H: Handle<OwnedMessage>> {
     processor: Arc<Processor<S, K, H>>,
     dead_letter: Option<String>,
     on_settled: Option<Hook<H::Output>>,
+    on_rebalance: Option<RebalanceHook>,
     queue_depth: usize,
     batch: usize,
 }
@@ -155,6 +196,7 @@ where
             processor: Arc::new(processor),
             dead_letter: None,
             on_settled: None,
+            on_rebalance: None,
             queue_depth: 256,
             batch: 64,
         }
@@ -178,6 +220,13 @@ where
         self
     }
 
+    /// Called on every assignment and revocation of partitions to this member (from the
+    /// consumer's rebalance callback: keep it short).
+    pub fn on_rebalance(mut self, hook: impl Fn(&RebalanceEvent) + Send + Sync + 'static) -> Self {
+        self.on_rebalance = Some(Arc::new(hook));
+        self
+    }
+
     /// Batch reservation: up to `n` messages of one partition that have arrived while its
     /// previous ones were handled are reserved together, in one store round trip
     /// ([`Processor::process_batch`]), then handled one by one in offset order. 64 by
@@ -189,7 +238,8 @@ where
     }
 
     /// How many received messages of one partition may wait for its task (256 by default).
-    /// When a partition's queue is full, polling waits: a slow partition slows the others.
+    /// When a partition's queue is full, that partition is paused until its task catches
+    /// up; polling goes on for the others.
     pub fn queue_depth(mut self, depth: usize) -> Self {
         self.queue_depth = depth.max(1);
         self
@@ -214,6 +264,7 @@ where
         let consumer: Arc<StreamConsumer<RunnerContext>> =
             Arc::new(config.create_with_context(RunnerContext {
                 generations: revoked.clone(),
+                on_rebalance: self.on_rebalance.clone(),
             })?);
         let topics: Vec<&str> = self.topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
@@ -233,6 +284,7 @@ where
             }
             None => None,
         };
+        let drained = Arc::new(tokio::sync::Notify::new());
         let shared = Arc::new(Shared {
             consumer: consumer.clone(),
             processor: self.processor.clone(),
@@ -240,16 +292,31 @@ where
             on_settled: self.on_settled.clone(),
             generations: revoked.clone(),
             batch: self.batch,
+            drained: drained.clone(),
         });
 
-        let mut partitions: HashMap<(String, i32), (u64, mpsc::Sender<OwnedMessage>)> =
-            HashMap::new();
+        let mut partitions: HashMap<(String, i32), Partition> = HashMap::new();
         let mut tasks = JoinSet::new();
+        let mut failed = None;
         tokio::pin!(shutdown);
         loop {
+            // A partition task took messages off a full queue: move what waits into it.
+            let room = drained.notified();
+            let overflowing = partitions.values().any(|p| !p.overflow.is_empty());
             let message = tokio::select! {
                 biased;
                 () = &mut shutdown => break,
+                Some(done) = tasks.join_next_with_id(), if !tasks.is_empty() => {
+                    if let Some(tp) = died(done, &partitions, &revoked) {
+                        failed = Some(tp);
+                        break;
+                    }
+                    continue;
+                }
+                () = room, if overflowing => {
+                    refill(&consumer, &mut partitions, &revoked);
+                    continue;
+                }
                 m = consumer.recv() => m,
             };
             let message = match message {
@@ -263,34 +330,163 @@ where
             // Read after recv: a revocation is handled inside recv, so a message received
             // after it is tagged with the new generation.
             let generation = revoked.get(&tp);
-            let sender = match partitions.get(&tp) {
-                Some((g, tx)) if *g == generation && !tx.is_closed() => tx.clone(),
-                _ => {
-                    let (tx, rx) = mpsc::channel(self.queue_depth);
+            let current = partitions
+                .get(&tp)
+                .is_some_and(|p| p.generation == generation);
+            if !current {
+                let (tx, rx) = mpsc::channel(self.queue_depth);
+                let handle =
                     tasks.spawn(partition_task(shared.clone(), tp.clone(), generation, rx));
-                    partitions.insert(tp, (generation, tx.clone()));
-                    tx
+                let stale = partitions.insert(
+                    tp.clone(),
+                    Partition {
+                        generation,
+                        tx,
+                        overflow: VecDeque::new(),
+                        paused: false,
+                        task: handle.id(),
+                    },
+                );
+                if stale.is_some_and(|p| p.paused) {
+                    resume(&consumer, &tp);
                 }
-            };
-            tokio::select! {
-                biased;
-                () = &mut shutdown => break,
-                _ = sender.send(message) => {}
             }
-            // Reap finished tasks as we go, so a long run does not keep them.
-            while tasks.try_join_next().is_some() {}
+            let partition = partitions.get_mut(&tp).expect("inserted above");
+            if !partition.overflow.is_empty() {
+                // Paused, and this one was fetched before the pause took effect: behind the
+                // others, in order.
+                partition.overflow.push_back(message);
+                continue;
+            }
+            match partition.tx.try_send(message) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(message)) => {
+                    partition.overflow.push_back(message);
+                    if !partition.paused {
+                        partition.paused = true;
+                        pause(&consumer, &tp);
+                    }
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => {
+                    // The task ended while its partition is ours: it died (a revoked
+                    // task is replaced above, as its generation changed).
+                    failed = Some(tp);
+                    break;
+                }
+            }
         }
         // No new work: close every queue; running handlers finish, queued messages are
         // dropped (they were not stored, so they are delivered again after a restart).
         shared.generations.revoke_all();
         drop(partitions);
-        while tasks.join_next().await.is_some() {}
+        while let Some(done) = tasks.join_next().await {
+            if let Err(e) = done
+                && e.is_panic()
+            {
+                tracing::error!(error = %e, "kafka runner: a partition task panicked");
+            }
+        }
         drop(shared);
-        // Dropping the last consumer closes it: the stored offsets are committed.
-        if let Err(e) = consumer.commit_consumer_state(rdkafka::consumer::CommitMode::Sync) {
+        // Commit what was stored, off the async threads (a broker round trip).
+        let closing = consumer.clone();
+        let committed = tokio::task::spawn_blocking(move || {
+            closing.commit_consumer_state(rdkafka::consumer::CommitMode::Sync)
+        })
+        .await;
+        if let Ok(Err(e)) = committed {
             tracing::debug!(error = %e, "kafka runner: final commit");
         }
-        Ok(())
+        match failed {
+            Some((topic, partition)) => Err(RunnerError::PartitionFailed { topic, partition }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The receive loop's view of one assigned partition.
+struct Partition {
+    /// The generation its task was started with.
+    generation: u64,
+    /// The task's queue.
+    tx: mpsc::Sender<OwnedMessage>,
+    /// Messages received while the queue was full, in order; the partition is paused while
+    /// any wait here.
+    overflow: VecDeque<OwnedMessage>,
+    paused: bool,
+    task: tokio::task::Id,
+}
+
+/// A finished partition task: the partition it served if it died while its partition was
+/// still this member's (not revoked, not shut down).
+fn died(
+    done: Result<(tokio::task::Id, ()), tokio::task::JoinError>,
+    partitions: &HashMap<(String, i32), Partition>,
+    generations: &Generations,
+) -> Option<(String, i32)> {
+    let id = match done {
+        Ok((id, ())) => id,
+        Err(e) => {
+            tracing::error!(error = %e, "kafka runner: a partition task died");
+            e.id()
+        }
+    };
+    partitions
+        .iter()
+        .find(|(tp, p)| p.task == id && p.generation == generations.get(tp))
+        .map(|(tp, _)| tp.clone())
+}
+
+/// Moves waiting messages into queues with room again; resumes a partition whose overflow
+/// is empty. A revoked partition's waiting messages are dropped (its next owner gets them).
+fn refill(
+    consumer: &StreamConsumer<RunnerContext>,
+    partitions: &mut HashMap<(String, i32), Partition>,
+    generations: &Generations,
+) {
+    for (tp, p) in partitions.iter_mut() {
+        if p.generation != generations.get(tp) {
+            p.overflow.clear();
+        }
+        while let Some(m) = p.overflow.pop_front() {
+            match p.tx.try_send(m) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(m)) => {
+                    p.overflow.push_front(m);
+                    break;
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => {
+                    p.overflow.clear();
+                    break;
+                }
+            }
+        }
+        if p.overflow.is_empty() && p.paused {
+            p.paused = false;
+            resume(consumer, tp);
+        }
+    }
+}
+
+fn partition_list(tp: &(String, i32)) -> TopicPartitionList {
+    let mut list = TopicPartitionList::new();
+    list.add_partition(&tp.0, tp.1);
+    list
+}
+
+fn pause(consumer: &StreamConsumer<RunnerContext>, tp: &(String, i32)) {
+    tracing::debug!(
+        topic = tp.0,
+        partition = tp.1,
+        "kafka runner: queue full, pausing"
+    );
+    if let Err(e) = consumer.pause(&partition_list(tp)) {
+        tracing::warn!(error = %e, topic = tp.0, partition = tp.1, "kafka runner: pause failed");
+    }
+}
+
+fn resume(consumer: &StreamConsumer<RunnerContext>, tp: &(String, i32)) {
+    if let Err(e) = consumer.resume(&partition_list(tp)) {
+        tracing::debug!(error = %e, topic = tp.0, partition = tp.1, "kafka runner: resume failed");
     }
 }
 
@@ -306,6 +502,9 @@ struct Shared<S, K, H: Handle<OwnedMessage>> {
     on_settled: Option<Hook<H::Output>>,
     generations: Generations,
     batch: usize,
+    /// Notified whenever a partition task takes messages off its queue: room for what waits
+    /// in the receive loop's overflow.
+    drained: Arc<tokio::sync::Notify>,
 }
 
 /// Per-partition revocation counters: a partition task works only while its partition's
@@ -341,9 +540,27 @@ impl Generations {
 
 struct RunnerContext {
     generations: Generations,
+    on_rebalance: Option<RebalanceHook>,
 }
 
 impl ClientContext for RunnerContext {}
+
+fn partitions_of(list: &TopicPartitionList) -> Vec<(String, i32)> {
+    list.elements()
+        .iter()
+        .map(|e| (e.topic().to_owned(), e.partition()))
+        .collect()
+}
+
+impl RunnerContext {
+    fn tell(&self, event: &RebalanceEvent) {
+        if let Some(hook) = &self.on_rebalance
+            && let Err(panic) = std::panic::catch_unwind(AssertUnwindSafe(|| hook(event)))
+        {
+            tracing::error!(panic = ?panic.downcast_ref::<&str>(), "kafka runner: the on_rebalance hook panicked");
+        }
+    }
+}
 
 impl ConsumerContext for RunnerContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
@@ -358,10 +575,23 @@ impl ConsumerContext for RunnerContext {
                     .revoke((e.topic().to_owned(), e.partition()));
             }
             // Commit what is done before the partitions go: the next owner starts after the
-            // last settled message, not after the last auto-commit.
-            if let Err(e) = consumer.commit_consumer_state(rdkafka::consumer::CommitMode::Sync) {
+            // last settled message, not after the last auto-commit. Asynchronous: this runs
+            // inside `recv`, on a runtime thread, which must not block on the broker.
+            if let Err(e) = consumer.commit_consumer_state(rdkafka::consumer::CommitMode::Async) {
                 tracing::debug!(error = %e, "kafka runner: commit on revocation");
             }
+            self.tell(&RebalanceEvent::Revoked(partitions_of(list)));
+        }
+    }
+
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(list) = rebalance {
+            // A partition paused under an earlier assignment (its queue was full when it
+            // was revoked) must fetch again now that it is ours.
+            if let Err(e) = consumer.resume(list) {
+                tracing::debug!(error = %e, "kafka runner: resume on assignment");
+            }
+            self.tell(&RebalanceEvent::Assigned(partitions_of(list)));
         }
     }
 }
@@ -378,55 +608,40 @@ async fn partition_task<S, K, H>(
 {
     let current = || shared.generations.get(&tp) == generation;
     let batch = shared.batch;
-    let mut pending: std::collections::VecDeque<OwnedMessage> = std::collections::VecDeque::new();
+    let mut pending: Vec<OwnedMessage> = Vec::with_capacity(batch);
     loop {
-        if pending.is_empty() {
-            match queue.recv().await {
-                Some(m) => pending.push_back(m),
-                None => break,
-            }
+        match queue.recv().await {
+            Some(m) => pending.push(m),
+            None => break,
         }
         // What has arrived for this partition meanwhile joins the batch (never waits for
         // more: no latency is added when messages come one at a time).
         while pending.len() < batch {
             match queue.try_recv() {
-                Ok(m) => pending.push_back(m),
+                Ok(m) => pending.push(m),
                 Err(_) => break,
             }
         }
+        shared.drained.notify_one();
         if !current() {
             break;
         }
-        let results = if pending.len() > 1 {
-            let messages: Vec<OwnedMessage> = pending.iter().cloned().collect();
-            shared
-                .processor
-                .process_batch_while(&messages, &current)
-                .await
+        // The batch's keys reserved in one round trip; each message is then handled and
+        // settled, and its offset stored, before the next starts.
+        let mut claims = if pending.len() > 1 {
+            shared.processor.prepare(&pending).await
         } else {
-            vec![shared.processor.process(&pending[0], 1).await]
-        };
-        if results.is_empty() {
-            break; // revoked before the batch started
+            vec![None]
         }
-        for processed in results {
-            let message = pending
-                .pop_front()
-                .expect("one result per message, in order");
-            let Some(processed) = retry_in_place(&shared, &message, processed, &current).await
-            else {
-                return; // revoked while retrying: the next owner has it
-            };
-            if let Settlement::DeadLetter { reason } = &processed.settlement
-                && !dead_letter(&shared, &message, reason, &current).await
-            {
-                return;
+        .into_iter();
+        for message in pending.drain(..) {
+            if !current() {
+                return; // revoked: the unused claims are released as they drop
             }
-            if let Some(hook) = &shared.on_settled {
-                hook(&Settled {
-                    message: &message,
-                    processed: &processed,
-                });
+            let claim = claims.next().flatten();
+            let processed = shared.processor.process_prepared(&message, claim, 1).await;
+            if !settle(&shared, &message, processed, &current).await {
+                return; // revoked while settling: the next owner has it
             }
             if current()
                 && let Err(e) = shared.consumer.store_offset(&tp.0, tp.1, message.offset())
@@ -437,35 +652,77 @@ async fn partition_task<S, K, H>(
     }
 }
 
-/// Retries a message whose first delivery asked for it, in place (the partition waits: its
-/// order is kept), until it settles for good. `None` if the partition was revoked meanwhile.
-async fn retry_in_place<S, K, H>(
+/// Settles one message: retried in place until final (the partition waits: its order is
+/// kept), dead-lettered if so, then shown to the hook. A hook that panics makes it a
+/// failure of the message: processed again (a replay) until the retry budget is spent, then
+/// dead-lettered. False if the partition was revoked meanwhile.
+async fn settle<S, K, H>(
     shared: &Shared<S, K, H>,
     message: &OwnedMessage,
     mut processed: Processed<H::Output>,
     current: &impl Fn() -> bool,
-) -> Option<Processed<H::Output>>
+) -> bool
 where
     S: Store + Send + Sync + 'static,
     K: Fn(&OwnedMessage) -> Result<Key, KeyError> + Send + Sync + 'static,
     H: Handle<OwnedMessage> + 'static,
 {
+    let processor = &shared.processor;
     let mut failures = 0u32;
     loop {
-        let Settlement::Retry { after } = processed.settlement else {
-            return Some(processed);
+        let Some(settled) = processor
+            .settle_in_place(message, processed, &mut failures, current)
+            .await
+        else {
+            return false;
         };
-        if processed.error == Some(idemkit_core::ErrorKind::Action) {
-            failures += 1;
+        if let Settlement::DeadLetter { reason } = &settled.settlement
+            && !dead_letter(shared, message, reason, current).await
+        {
+            return false;
         }
+        let Some(hook) = &shared.on_settled else {
+            return true;
+        };
+        let shown = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            hook(&Settled {
+                message,
+                processed: &settled,
+            });
+        }));
+        let Err(panic) = shown else {
+            return true;
+        };
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        tracing::warn!(
+            topic = message.topic(),
+            partition = message.partition(),
+            offset = message.offset(),
+            panic = what,
+            "kafka runner: the on_settled hook panicked"
+        );
+        if matches!(settled.settlement, Settlement::DeadLetter { .. }) {
+            return true; // parked already
+        }
+        failures += 1;
+        let retry = processor.retry_policy();
+        if failures >= retry.deliveries() {
+            // Parked like a handler that keeps failing; the hook is shown the dead letter.
+            processed = settled;
+            processed.settlement = Settlement::DeadLetter {
+                reason: format!("the on_settled hook panicked on delivery {failures}: {what}"),
+            };
+            continue;
+        }
+        tokio::time::sleep(retry.delay(failures)).await;
         if !current() {
-            return None;
+            return false;
         }
-        tokio::time::sleep(after).await;
-        if !current() {
-            return None;
-        }
-        processed = shared.processor.process(message, failures + 1).await;
+        processed = processor.process(message, failures + 1).await;
     }
 }
 

@@ -5,10 +5,15 @@
 //! What the runner does:
 //!
 //! - **Explicit acks, from one table** ([`idemkit_core::consume`]): `Ack` → `ack`;
-//!   `Retry { after }` → `nak` with that delay (a concurrent duplicate in reject mode gets the
-//!   owner's in-flight hint, a failing handler the backoff); `DeadLetter` → `term` (the
-//!   broker stops redelivering), after publishing the message to the
-//!   [dead-letter subject](JetStreamRunner::dead_letter_subject) if one is set.
+//!   `DeadLetter` → `term` (the broker stops redelivering), after publishing the message to
+//!   the [dead-letter subject](JetStreamRunner::dead_letter_subject) if one is set.
+//!   `Retry` is retried in process, as the Kafka runner does, with in-progress acks going
+//!   on meanwhile: a failing handler after the backoff, a store outage after the backoff
+//!   without counting, a concurrent duplicate as soon as the owner's key is free (pushed by
+//!   the store, at most the owner's hint). So naks never use up the broker's delivery
+//!   count, and a long store outage never makes JetStream give up on a message (`nak` is
+//!   only sent when the runner shuts down mid-retry). A handler that panics is a failing
+//!   handler.
 //! - **In-progress acks.** While the handler runs, the runner sends `+WPI` (in progress) every
 //!   third of the consumer's `ack_wait`, so the broker does not hand the message to another
 //!   worker; meanwhile the coordinator renews the key's lease. If the worker dies, both stop:
@@ -17,14 +22,16 @@
 //!   [`in_progress_acks(false)`](JetStreamRunner::in_progress_acks) turns them off: then a
 //!   handler slower than `ack_wait` is redelivered while it runs, and the key makes the
 //!   duplicate wait for (or, in reject mode, nak until) the first result.
-//! - **The retry budget** is the broker's delivery count (`Info::delivered`): set the
-//!   consumer's `max_deliver` above the [`RetryPolicy`](idemkit_core::consume::RetryPolicy)'s
-//!   `max_deliveries`, or the broker stops first. Deliveries that were nak'ed because a
-//!   duplicate was in flight count too: a message that was often in flight has fewer retries
-//!   left for its handler's own failures.
+//! - **The retry budget** ([`RetryPolicy`](idemkit_core::consume::RetryPolicy)'s
+//!   `max_deliveries`) counts the handler's own failures, in process, for each delivery the
+//!   broker makes. A redelivery (a crashed worker, an expired `ack_wait`) starts again; set
+//!   the consumer's `max_deliver` well above `max_deliveries` only as a last resort
+//!   against a message that crashes its worker.
 //! - **Concurrency.** Up to [`concurrency`](JetStreamRunner::concurrency) messages are
 //!   handled at once (JetStream has no partitions; use `max_ack_pending` on the consumer for
-//!   a broker-side bound).
+//!   a broker-side bound), and the runner asks the server for no more messages per pull than
+//!   that: a message never waits in the client's buffer long enough for its `ack_wait` to
+//!   run out before it starts.
 //! - **Shutdown.** [`JetStreamRunner::run`] stops pulling when its `shutdown` future
 //!   completes and lets the running handlers finish and settle. Messages pulled but not yet
 //!   started are not acked: the broker redelivers them after `ack_wait`.
@@ -124,6 +131,8 @@ struct Shared<S, K, H: Handle<Message>> {
     progress: Option<Duration>,
     dead_letter: Option<String>,
     on_settled: Option<Hook<H::Output>>,
+    /// Set when the runner shuts down: retries in process stop.
+    stopping: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl<S, K, H> JetStreamRunner<S, K, H>
@@ -192,8 +201,17 @@ where
                 .then(|| (ack_wait / 3).max(Duration::from_millis(50))),
             dead_letter: self.dead_letter.take(),
             on_settled: self.on_settled.clone(),
+            stopping: Arc::default(),
         });
-        let mut messages = self.consumer.messages().await?;
+        // No more per pull than can start at once: a buffered message's ack_wait runs
+        // while it waits, and one that runs out is redelivered to another worker.
+        let mut messages = self
+            .consumer
+            .stream()
+            .max_messages_per_batch(self.concurrency)
+            .messages()
+            .await?;
+        let stopping = shared.stopping.clone();
         let slots = Arc::new(Semaphore::new(self.concurrency));
         let mut tasks = JoinSet::new();
         tokio::pin!(shutdown);
@@ -225,6 +243,9 @@ where
             while tasks.try_join_next().is_some() {}
         }
         drop(messages);
+        // Retries in process stop (their messages are nak'ed for the broker to redeliver);
+        // running handlers finish and settle.
+        stopping.store(true, std::sync::atomic::Ordering::SeqCst);
         while tasks.join_next().await.is_some() {}
         Ok(())
     }
@@ -240,7 +261,16 @@ where
         .info()
         .map(|i| u32::try_from(i.delivered.max(1)).unwrap_or(u32::MAX))
         .unwrap_or(1);
-    let work = shared.processor.process(&message, delivered);
+    let go_on = || !shared.stopping.load(std::sync::atomic::Ordering::SeqCst);
+    // The first try and every retry in process, with in-progress acks beside them.
+    let work = async {
+        let first = shared.processor.process(&message, 1).await;
+        let mut failures = 0;
+        shared
+            .processor
+            .settle_in_place(&message, first, &mut failures, go_on)
+            .await
+    };
     let processed = match shared.progress {
         None => work.await,
         Some(every) => {
@@ -258,19 +288,32 @@ where
             }
         }
     };
+    let Some(processed) = processed else {
+        // Shutting down mid-retry: the broker delivers it again (to this or another worker).
+        if let Err(e) = message.ack_with(AckKind::Nak(None)).await {
+            tracing::debug!(error = %e, "jetstream runner: nak on shutdown");
+        }
+        return;
+    };
     let mut parked = true;
     if let Settlement::DeadLetter { reason } = &processed.settlement {
         parked = dead_letter(shared, &message, reason).await;
     }
     if let Some(hook) = &shared.on_settled {
-        hook(&Settled {
-            message: &message,
-            delivered,
-            processed: &processed,
-        });
+        let shown = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            hook(&Settled {
+                message: &message,
+                delivered,
+                processed: &processed,
+            });
+        }));
+        if shown.is_err() {
+            tracing::error!(subject = %message.subject, "jetstream runner: the on_settled hook panicked");
+        }
     }
     let kind = match &processed.settlement {
         Settlement::Ack => AckKind::Ack,
+        // Not reached (retries are in process), but a delay beats a tight loop.
         Settlement::Retry { after } => AckKind::Nak(Some(*after)),
         // The dead letter could not be stored: deliver again rather than lose it.
         _ if !parked => AckKind::Nak(Some(Duration::from_secs(1))),
@@ -283,7 +326,6 @@ where
     }
 }
 
-/// Publishes the dead letter; false if it could not be stored.
 async fn dead_letter<S, K, H: Handle<Message>>(
     shared: &Shared<S, K, H>,
     message: &Message,

@@ -84,6 +84,38 @@ async fn a_failing_handler_releases_its_key_and_its_error_is_returned_as_is() {
     assert_eq!(retry.await.unwrap().unwrap(), "em_1");
 }
 
+/// Issue 20, item 2's audit for this layer: a handler that panics releases its key (the
+/// panic goes on to the job framework, which retries the job): the retry runs at once in
+/// reject mode instead of finding the key in flight for the whole lease.
+#[tokio::test]
+async fn a_panicking_handler_releases_its_key() {
+    let runs = Arc::new(AtomicU32::new(0));
+    let r = runs.clone();
+    let inner = tower::service_fn(move |job: Invoice| {
+        let n = r.fetch_add(1, Ordering::SeqCst);
+        async move {
+            if n == 0 {
+                panic!("the template cannot render {}", job.order);
+            }
+            Ok::<_, BoxError>("em_1".to_string())
+        }
+    });
+    let svc = layer(MemoryStore::new())
+        .in_flight(InFlight::Reject)
+        .layer(inner);
+    let first = tokio::spawn(svc.clone().oneshot(invoice("order-1")));
+    assert!(
+        first.await.unwrap_err().is_panic(),
+        "the panic reaches the caller"
+    );
+    let retry = svc
+        .oneshot(invoice("order-1"))
+        .await
+        .expect("the retry runs");
+    assert_eq!(retry, "em_1");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
 #[tokio::test]
 async fn a_job_without_a_valid_key_never_reaches_the_handler() {
     let (mock, mut handle) = tower_test::mock::pair::<Invoice, String>();
