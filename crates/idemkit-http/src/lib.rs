@@ -27,9 +27,15 @@
 //! - **Failures**: the store down is `503` (fail closed; with
 //!   [`on_store_error(OnStoreError::FailOpen)`](Builder::on_store_error), or that policy on
 //!   the coordinator, the handler runs unprotected instead). A handler that panics stores
-//!   nothing, and neither does a request whose client disconnected mid-way: the call is
-//!   dropped with it and its key released at once. Every error is
-//!   `application/problem+json` with a stable `type` (see [`Problem`]).
+//!   nothing and releases its key (`500`). Every error is `application/problem+json` with a
+//!   stable `type` (see [`Problem`]).
+//! - **Clients that give up**: once a request's key is reserved, its handler runs to its
+//!   end in a task of its own, even if the client disconnects (it timed out, it was killed):
+//!   the response is stored, and the client's retry waits for it or replays it, as Stripe
+//!   does. The handler is never cancelled half-way through an effect and run again.
+//!   [`cancel_with_client(true)`](Builder::cancel_with_client) drops the handler with the
+//!   connection instead (its key then stays reserved until the lease ends, or is released
+//!   at once under `OnCancel::Release`).
 //!
 //! The handler can read the key and the fingerprint with the [`IdempotencyInfo`] extractor.
 //!
@@ -99,6 +105,7 @@ struct Config<S> {
     in_flight: Option<InFlight>,
     ttl: Option<Duration>,
     on_store_error: Option<OnStoreError>,
+    cancel_with_client: bool,
 }
 
 /// The default rule for what is final (stored and replayed): 2xx, and 4xx other than 408,
@@ -134,6 +141,7 @@ pub struct Builder<S> {
     in_flight: Option<InFlight>,
     ttl: Option<Duration>,
     on_store_error: Option<OnStoreError>,
+    cancel_with_client: bool,
 }
 
 impl<S> fmt::Debug for Builder<S> {
@@ -259,6 +267,17 @@ impl<S: Store> Builder<S> {
         self
     }
 
+    /// Whether a handler is cancelled when its client disconnects (false by default: once
+    /// the key is reserved, the handler runs to its end in a task of its own, its response
+    /// is stored, and the client's retry waits for it or replays it). `true` runs the
+    /// handler inside the connection's future, which the server drops on disconnect: the
+    /// effect may stop half-way, and the key stays reserved until its lease ends (or is
+    /// released at once with the coordinator's `OnCancel::Release`).
+    pub fn cancel_with_client(mut self, cancel: bool) -> Self {
+        self.cancel_with_client = cancel;
+        self
+    }
+
     /// The layer.
     ///
     /// # Errors
@@ -281,6 +300,7 @@ impl<S: Store> Builder<S> {
                 in_flight: self.in_flight,
                 ttl: self.ttl,
                 on_store_error: self.on_store_error,
+                cancel_with_client: self.cancel_with_client,
             }),
         })
     }
@@ -333,6 +353,7 @@ impl<S: Store> IdempotencyLayer<S> {
             in_flight: None,
             ttl: None,
             on_store_error: None,
+            cancel_with_client: false,
         }
     }
 }

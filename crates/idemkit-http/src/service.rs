@@ -4,6 +4,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use axum::body::Body;
@@ -108,7 +109,7 @@ where
     };
     let mut call = config
         .coordinator
-        .call(&config.operation, &key)
+        .call_owned(config.operation.clone(), key)
         .scope_owned(scope)
         .fingerprint(fingerprint);
     if let Some(m) = config.in_flight {
@@ -128,29 +129,51 @@ where
         keep: config.keep.clone(),
     };
     let is_final = config.is_final;
-    let result = call
-        .codec(codec)
-        .run(|attempt| async move {
-            info.fencing = attempt.fencing_token();
-            parts.extensions.insert(info);
-            let resp = call_inner(&mut inner, Request::from_parts(parts, Body::from(bytes))).await;
-            let (rparts, rbody) = resp.into_parts();
-            match rbody.collect().await {
-                Ok(c) if is_final(rparts.status) => Ok(Stored {
-                    status: rparts.status,
-                    headers: rparts.headers,
-                    body: c.to_bytes(),
-                }),
-                Ok(c) => Err(NotFinal(Response::from_parts(
-                    rparts,
-                    Body::from(c.to_bytes()),
-                ))),
-                Err(e) => Err(NotFinal(
-                    Problem::Internal.response(&format!("the handler's body failed: {e}")),
-                )),
+    // Set when the handler starts: from then on the call is an owner's, and must run to its
+    // end even if the client goes away.
+    let started = Arc::new(AtomicBool::new(false));
+    let starts = started.clone();
+    let run = call.codec(codec).run(move |attempt| async move {
+        starts.store(true, Ordering::SeqCst);
+        info.fencing = attempt.fencing_token();
+        parts.extensions.insert(info);
+        let resp = call_inner(&mut inner, Request::from_parts(parts, Body::from(bytes))).await;
+        let (rparts, rbody) = resp.into_parts();
+        match rbody.collect().await {
+            Ok(c) if is_final(rparts.status) => Ok(Stored {
+                status: rparts.status,
+                headers: rparts.headers,
+                body: c.to_bytes(),
+            }),
+            Ok(c) => Err(NotFinal(Response::from_parts(
+                rparts,
+                Body::from(c.to_bytes()),
+            ))),
+            Err(e) => Err(NotFinal(
+                Problem::Internal.response(&format!("the handler's body failed: {e}")),
+            )),
+        }
+    });
+    let result = if config.cancel_with_client {
+        run.await
+    } else {
+        // Once reserved, the call runs to its end whatever the client does: a client that
+        // timed out and disconnected retries, and that retry must wait for (or replay) this
+        // run, not cancel its effect half-way and run it again (ARCHITECTURE row 17). A
+        // call that has not started its handler (a waiter, a replay) ends with its client.
+        let task = tokio::spawn(run);
+        let _waiting = AbortUnstarted {
+            task: task.abort_handle(),
+            started,
+        };
+        match task.await {
+            Ok(result) => result,
+            Err(e) => {
+                tracing::error!(error = %e, "idempotency layer: the handler panicked");
+                return Problem::Internal.response("the handler failed");
             }
-        })
-        .await;
+        }
+    };
     match result {
         Ok(receipt) => {
             let replayed = receipt.is_replay();
@@ -188,6 +211,21 @@ where
         Err(e) => {
             tracing::warn!(error = %e, "idempotency layer: answering 500");
             Problem::Internal.response(&e.to_string())
+        }
+    }
+}
+
+/// Dropped with the request's future (its client went away): aborts the detached call if
+/// its handler has not started, so a waiter or a replay does not outlive its client.
+struct AbortUnstarted {
+    task: tokio::task::AbortHandle,
+    started: Arc<AtomicBool>,
+}
+
+impl Drop for AbortUnstarted {
+    fn drop(&mut self) {
+        if !self.started.load(Ordering::SeqCst) {
+            self.task.abort();
         }
     }
 }

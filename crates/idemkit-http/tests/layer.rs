@@ -541,43 +541,109 @@ async fn a_handler_that_panicked_stores_nothing_and_its_retry_runs() {
     assert_eq!(app.runs.load(Ordering::SeqCst), 2);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_client_that_disconnects_mid_request_leaves_the_key_usable() {
+/// A client that times out (300 ms into a 2 s handler) and sends the same request again.
+/// Returns (the retry's status and whether it was a replay, the handler's runs).
+async fn a_client_that_times_out_then_retries<S: Store>(
+    store: S,
+    mode: InFlight,
+) -> (StatusCode, bool, usize) {
     let app = App::default();
-    let url = serve(router(
-        tenant_layer(MemoryStore::new(), InFlight::Reject),
-        app.clone(),
-    ))
-    .await;
+    let url = serve(router(tenant_layer(store, mode), app.clone())).await;
     let (k, slow) = (key(), format!("{url}/slow"));
-    // The client gives up after 200 ms of a 2 s handler and closes its connection.
     let impatient = reqwest::Client::builder()
-        .timeout(Duration::from_millis(200))
+        .timeout(Duration::from_millis(300))
         .build()
         .unwrap();
-    let gave_up = impatient
-        .post(&slow)
-        .header("idempotency-key", &k)
-        .header("x-tenant", "t1")
-        .send()
-        .await;
+    let gave_up = post_to_result(&impatient, &slow, &k).await;
     assert!(gave_up.is_err(), "the client timed out");
     drop(impatient);
-    // The server drops the request with the connection: the call's guard releases the key,
-    // so a retry runs at once instead of being refused as in progress for the lease.
+    // The retry: waits for the first run's response (wait mode), or is told 409 until it
+    // is stored (reject mode).
     let client = reqwest::Client::new();
-    let mut status = StatusCode::CONFLICT;
-    for _ in 0..50 {
-        status = post_to(&client, &slow, Some(&k), Some("t1"), b"")
-            .await
-            .status();
-        if status != StatusCode::CONFLICT {
+    let mut last = None;
+    for _ in 0..100 {
+        let r = post_to(&client, &slow, Some(&k), Some("t1"), b"").await;
+        if r.status() != StatusCode::CONFLICT {
+            last = Some(r);
             break;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(status, StatusCode::CREATED, "the retry ran");
-    assert_eq!(app.runs.load(Ordering::SeqCst), 2);
+    let last = last.expect("the retry got an answer other than 409 within 5 s");
+    let replayed = last.headers().get(REPLAYED).is_some();
+    (last.status(), replayed, app.runs.load(Ordering::SeqCst))
+}
+
+/// Issue 20, item 3: the draft's motivating case. The first client times out and
+/// disconnects mid-handler; its handler runs on to its end (detached from the connection),
+/// its response is stored, and the retry gets it, replayed: one run.
+///
+/// Before: the disconnect dropped the call, cancelled the handler half-way and released
+/// the key; the retry ran the handler again (two runs), on both stores, in both modes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_that_times_out_does_not_cancel_its_handler_and_its_retry_replays() {
+    for mode in [InFlight::Wait, InFlight::Reject] {
+        let (status, replayed, runs) =
+            a_client_that_times_out_then_retries(MemoryStore::new(), mode).await;
+        assert_eq!(
+            (status, replayed, runs),
+            (StatusCode::CREATED, true, 1),
+            "memory, {mode:?}"
+        );
+        let Some(redis) = redis_store().await else {
+            return;
+        };
+        let (status, replayed, runs) = a_client_that_times_out_then_retries(redis, mode).await;
+        assert_eq!(
+            (status, replayed, runs),
+            (StatusCode::CREATED, true, 1),
+            "redis, {mode:?}"
+        );
+    }
+}
+
+/// With `cancel_with_client(true)` the handler is dropped with the connection, and (the
+/// coordinator's default `OnCancel::KeepLease`) its key stays reserved: the retry is told
+/// 409, never runs the handler beside a cancelled one that may still be taking effect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cancelling_with_the_client_is_an_explicit_option() {
+    let app = App::default();
+    let layer = builder(MemoryStore::new())
+        .scope_by(|req: &http::request::Parts| {
+            Scope::new(req.headers.get("x-tenant")?.to_str().ok()?).ok()
+        })
+        .in_flight(InFlight::Reject)
+        .cancel_with_client(true)
+        .build()
+        .unwrap();
+    let url = serve(router(layer, app.clone())).await;
+    let (k, slow) = (key(), format!("{url}/slow"));
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    assert!(post_to_result(&impatient, &slow, &k).await.is_err());
+    drop(impatient);
+    // Past the 2 s the handler would have taken: it was cancelled, so nothing is stored.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let retry = post_to(&reqwest::Client::new(), &slow, Some(&k), Some("t1"), b"").await;
+    assert_eq!(
+        retry.status(),
+        StatusCode::CONFLICT,
+        "the key waits out its lease"
+    );
+    assert_eq!(app.runs.load(Ordering::SeqCst), 1);
+}
+
+async fn redis_store() -> Option<idemkit_redis::RedisStore> {
+    let url =
+        std::env::var("IDEMKIT_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let store = idemkit_redis::RedisStore::builder()
+        .prefix(format!("idemkit-http-test-{:x}", fastrand::u64(..)))
+        .connect(&url)
+        .await;
+    idemkit_test::require_service(&format!("redis at {url}"), store.is_ok())
+        .then(|| store.expect("checked"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
