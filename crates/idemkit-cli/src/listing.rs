@@ -302,6 +302,11 @@ pub(crate) struct PurgeArgs {
     /// Print JSON instead of lines.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Remove live reservations too. A purge that matches live reservations (no `--state`,
+    /// or `--state reserved`) is refused without it or `--older-than`: removing one lets
+    /// its effect run again while its owner may still be running it.
+    #[arg(long)]
+    pub(crate) force: bool,
 }
 
 /// How a purge went.
@@ -346,14 +351,23 @@ pub(crate) async fn purge_matching(
     Ok(done)
 }
 
-/// Counts the records `filter` matches (unreadable ones aside).
-pub(crate) async fn count_matching(target: &Target, filter: &Checked) -> Result<u64, StoreError> {
-    let mut n = 0u64;
+/// Counts the records `filter` matches (unreadable ones aside), and how many of them are
+/// live reservations.
+pub(crate) async fn count_matching(
+    target: &Target,
+    filter: &Checked,
+) -> Result<(u64, u64), StoreError> {
+    let (mut n, mut live) = (0u64, 0u64);
     let mut walk = Walk::new(target, filter);
-    while let Some((entries, _)) = walk.next().await? {
-        n += entries.iter().filter(|e| e.record.is_some()).count() as u64;
+    while let Some((entries, now)) = walk.next().await? {
+        for r in entries.iter().filter_map(|e| e.record.as_ref()) {
+            n += 1;
+            if matches!(r.state, RecordState::Reserved) && r.expires_at_ms > now {
+                live += 1;
+            }
+        }
     }
-    Ok(n)
+    Ok((n, live))
 }
 
 fn progress_bar(done: Purged, total: u64) {
@@ -387,11 +401,21 @@ pub(crate) async fn purge(store: &StoreArgs, args: &PurgeArgs) -> Exit {
         Ok(opened) => opened,
         Err(code) => return code,
     };
-    let matched = match count_matching(&target, &filter).await {
+    let (matched, live) = match count_matching(&target, &filter).await {
         Ok(n) => n,
         Err(e) => return store_failed(&e),
     };
     let what = describe_filter(&filter, args);
+    if live > 0 && !args.dry_run && !args.force && args.filter.older_than.is_none() {
+        return fail(
+            Exit::Refused,
+            format!(
+                "{live} of the {matched} records ({what}) are live reservations: removing one lets \
+                 its effect run again while its owner may still be running it. Add --older-than \
+                 (only reservations held that long) or --force; nothing purged"
+            ),
+        );
+    }
     let report = |done: Purged, dry_run: bool| {
         if args.json {
             println!(
@@ -416,9 +440,14 @@ pub(crate) async fn purge(store: &StoreArgs, args: &PurgeArgs) -> Exit {
         report(Purged::default(), args.dry_run);
         return Exit::Ok;
     }
+    let warning = if live > 0 {
+        format!(" {live} of them are live reservations: their effects may then run again.")
+    } else {
+        String::new()
+    };
     if !args.yes
         && !confirm(&format!(
-            "purge {matched} records ({what}) from {}?",
+            "purge {matched} records ({what}) from {}?{warning}",
             store.store
         ))
     {

@@ -45,7 +45,8 @@ enum Command {
     },
     /// Release a stuck reservation (an owner killed mid-action), so the next delivery runs
     /// at once instead of after the lease. A completed record is refused (exit 6) unless
-    /// `--force`, which removes it. Other exit codes as for `inspect`.
+    /// `--force`, which removes it if it is still the record read (exit 9 if it changed
+    /// meanwhile: nothing removed). Other exit codes as for `inspect`.
     Release {
         #[command(flatten)]
         store: ops::StoreArgs,

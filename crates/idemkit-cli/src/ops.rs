@@ -12,8 +12,8 @@ use std::process::ExitCode;
 
 use idemkit_core::scan::{Scan, ScanCursor, ScanPage};
 use idemkit_core::{
-    FencingToken, Key, KeyError, Operation, Ownership, RawStore, Record, RecordState, ResultKind,
-    Scope, StorageKey, Store, StoreError, StoreErrorKind,
+    FencingToken, Key, KeyError, Operation, Ownership, Record, RecordState, ResultKind, Scope,
+    StorageKey, Store, StoreError, StoreErrorKind,
 };
 use idemkit_postgres::PgStore;
 use idemkit_redis::RedisStore;
@@ -38,6 +38,9 @@ pub(crate) enum Exit {
     Store = 7,
     /// `stats` found a problem: a Redis server whose eviction policy may evict records.
     Check = 8,
+    /// The record changed between its reading and its removal (completed, expired,
+    /// reserved anew): nothing was removed.
+    Changed = 9,
 }
 
 impl From<Exit> for ExitCode {
@@ -119,10 +122,6 @@ impl Target {
         lease: &Ownership,
     ) -> Result<(), StoreError> {
         on!(self, s => s.release(key, lease).await)
-    }
-
-    pub(crate) async fn purge(&self, key: &StorageKey) -> Result<bool, StoreError> {
-        on!(self, s => s.purge(key).await)
     }
 
     pub(crate) async fn scan(
@@ -302,6 +301,46 @@ pub(crate) async fn inspect(store: &StoreArgs, record: &RecordArgs) -> Exit {
     }
 }
 
+/// What `release` does to the record `r` it read under `key`: the store's answer, or the
+/// exit code of a refusal.
+async fn apply_release(
+    store: &Target,
+    key: &StorageKey,
+    r: &Record,
+    force: bool,
+) -> Result<Result<&'static str, StoreError>, Exit> {
+    match (&r.state, force) {
+        (RecordState::Reserved, _) => Ok(store
+            .release(key, &Ownership::new(r.owner, r.fencing))
+            .await
+            .map(|()| "released the reservation")),
+        // Fenced: removed only if it is still the record read above. Between the read and
+        // the removal it may have expired and been reserved anew by a live owner, whose
+        // reservation must not be deleted (`RawStore::purge` deletes whatever is there).
+        (RecordState::Completed(_), true) => match store.remove(key, r.fencing).await {
+            Ok(true) => Ok(Ok("removed the completed record")),
+            Ok(false) => Err(fail(
+                Exit::Changed,
+                format!(
+                    "{key} changed since it was read (fencing token {}): nothing removed",
+                    r.fencing.get()
+                ),
+            )),
+            Err(e) => Ok(Err(e)),
+        },
+        (RecordState::Completed(_), false) => Err(fail(
+            Exit::Refused,
+            format!(
+                "{key} is completed: its result is replayed to every retry; --force removes it (the effect may then run again)"
+            ),
+        )),
+        _ => Err(fail(
+            Exit::Foreign,
+            format!("{key} is in a state this version does not know"),
+        )),
+    }
+}
+
 /// `idemkit release`: the operator's override for a stuck reservation. The reservation is
 /// released with its own owner and fencing token (so a live owner's later writes fail their
 /// owner check, and the next owner gets a higher fencing token); a completed record is
@@ -319,29 +358,9 @@ pub(crate) async fn release(store: &StoreArgs, record: &RecordArgs, force: bool)
         Ok(r) => r,
         Err(code) => return code,
     };
-    let result = match (&r.state, force) {
-        (RecordState::Reserved, _) => store
-            .release(&key, &Ownership::new(r.owner, r.fencing))
-            .await
-            .map(|()| "released the reservation"),
-        (RecordState::Completed(_), true) => store
-            .purge(&key)
-            .await
-            .map(|_| "removed the completed record"),
-        (RecordState::Completed(_), false) => {
-            return fail(
-                Exit::Refused,
-                format!(
-                    "{key} is completed: its result is replayed to every retry; --force removes it (the effect may then run again)"
-                ),
-            );
-        }
-        _ => {
-            return fail(
-                Exit::Foreign,
-                format!("{key} is in a state this version does not know"),
-            );
-        }
+    let result = match apply_release(&store, &key, &r, force).await {
+        Ok(result) => result,
+        Err(code) => return code,
     };
     match result {
         Ok(what) => {
@@ -365,5 +384,68 @@ pub(crate) async fn release(store: &StoreArgs, record: &RecordArgs, force: bool)
             format!("{key} changed meanwhile (completed, released or taken over): nothing done"),
         ),
         Err(e) => store_failed(&e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use idemkit_core::{
+        BeginRequest, Claim, CompleteRequest, Key, Operation, OwnerToken, ResultKind, Store,
+    };
+    use idemkit_redis::RedisStore;
+
+    use super::*;
+
+    /// Issue 20, item 12: `release --force` of a completed record that, between its reading
+    /// and its removal, expired and was reserved anew by a live owner.
+    ///
+    /// Before: the removal was `RawStore::purge` (delete whatever is there), so the live
+    /// owner's reservation was deleted and the next delivery ran its effect beside it.
+    #[tokio::test]
+    async fn a_forced_release_never_removes_a_reservation_made_after_its_read() {
+        let url = std::env::var("IDEMKIT_REDIS_URL")
+            .unwrap_or_else(|_| "redis://127.0.0.1:6379".to_string());
+        let store = RedisStore::builder()
+            .prefix(format!("idemkit-cli-test-{:x}", fastrand::u64(..)))
+            .connect(&url)
+            .await;
+        if !idemkit_test::require_service(&format!("redis at {url}"), store.is_ok()) {
+            return;
+        }
+        let store = store.unwrap();
+        let key = StorageKey::new(
+            &Operation::new("mail.invoice").unwrap(),
+            None,
+            &Key::new("order-9.invoice").unwrap(),
+        );
+        let reserve = || async {
+            let req = BeginRequest::new(&key, OwnerToken::random(), Duration::from_secs(30));
+            match store.begin(&req).await.unwrap() {
+                Claim::Reserved { ownership, .. } => ownership,
+                other => panic!("{other:?}"),
+            }
+        };
+        let first = reserve().await;
+        let done = CompleteRequest::new(ResultKind::Value, "\"em_1\"", Duration::from_millis(300));
+        store.complete(&key, &first, &done).await.unwrap();
+        let target = Target::Redis(store.clone());
+        let read = read(&target, &key).await.unwrap();
+        // The completed record expires and a new owner reserves the key.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let live = reserve().await;
+        let outcome = apply_release(&target, &key, &read, true).await;
+        assert!(
+            matches!(outcome, Err(Exit::Changed)),
+            "expected 'changed meanwhile', got {:?}",
+            outcome.map(|r| r.map_err(|e| e.to_string()))
+        );
+        let now = store
+            .get(&key)
+            .await
+            .unwrap()
+            .expect("the live reservation is still there");
+        assert_eq!((now.owner, now.fencing), (live.owner, live.fencing));
     }
 }

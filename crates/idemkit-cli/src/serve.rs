@@ -453,7 +453,7 @@ async fn confirm_purge(State(app): State<Arc<App>>, Query(q): Query<PurgeQuery>)
         return (StatusCode::BAD_REQUEST, "bad operation or state").into_response();
     };
     let filter = Checked::of(Some(op), Some(state));
-    let n = match count_matching(&app.target, &filter).await {
+    let (n, _) = match count_matching(&app.target, &filter).await {
         Ok(n) => n,
         Err(e) => return unavailable(e),
     };

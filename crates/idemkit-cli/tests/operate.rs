@@ -183,7 +183,33 @@ async fn commands<S: Store + RawStore>(store: S, cli: Cli) {
         2,
         "another operation untouched"
     );
-    let all = cli.json("purge", &["--operation", &op_name, "--yes", "--batch", "2"]);
+    // What is left are 3 live reservations: refused without --force or --older-than
+    // (issue 20: before, a generic prompt and they were gone).
+    let live = idemkit_with_input(&cli.args("purge", &["--operation", &op_name, "--yes"]), "");
+    assert_eq!(code(&live), 6, "{}", stderr(&live));
+    assert!(
+        stderr(&live).contains("3 of the 3 records"),
+        "{}",
+        stderr(&live)
+    );
+    assert_eq!(count(&cli.states(&op_name, &[]), "reserved"), 3);
+    let young = idemkit_with_input(
+        &cli.args(
+            "purge",
+            &["--operation", &op_name, "--older-than", "1h", "--yes"],
+        ),
+        "",
+    );
+    assert_eq!(code(&young), 0, "{}", stderr(&young));
+    assert_eq!(
+        count(&cli.states(&op_name, &[]), "reserved"),
+        3,
+        "none held for an hour"
+    );
+    let all = cli.json(
+        "purge",
+        &["--operation", &op_name, "--yes", "--force", "--batch", "2"],
+    );
     assert_eq!(all["purged"], 3, "{all}");
     assert_eq!(
         cli.states(&op_name, &[]),
@@ -295,7 +321,7 @@ async fn every_command_on_a_redis_cluster() {
     let released = cli.run("release", &["spread", "k7"]);
     assert_eq!(code(&released), 0, "{}", stderr(&released));
     assert_eq!(code(&cli.run("inspect", &["spread", "k7"])), 3);
-    cli.json("purge", &["--operation", "spread", "--yes"]);
+    cli.json("purge", &["--operation", "spread", "--yes", "--force"]);
     assert_eq!(cli.states("spread", &[]).len(), 0);
 
     commands(store, cli).await;
