@@ -358,13 +358,7 @@ impl<S: Store, K, H> Processor<S, K, H> {
         K: Fn(&M) -> Result<Key, KeyError>,
         H: Handle<M>,
     {
-        if !self.protected {
-            return self.unprotected(message, delivery).await;
-        }
-        match (self.key)(message) {
-            Ok(key) => self.run(message, &key, None, delivery).await,
-            Err(e) => self.key_failed(&e),
-        }
+        self.process_prepared(message, None, delivery).await
     }
 
     /// Runs the first delivery of each message of a batch, in order, their keys reserved
@@ -425,39 +419,13 @@ impl<S: Store, K, H> Processor<S, K, H> {
         K: Fn(&M) -> Result<Key, KeyError>,
         H: Handle<M>,
     {
+        let mut claims = self.prepare(messages).await.into_iter();
         let mut out = Vec::with_capacity(messages.len());
-        if !self.protected {
-            for m in messages {
-                if !go_on() {
-                    break;
-                }
-                let processed = self.unprotected(m, 1).await;
-                let stop = !processed.settlement.is_final();
-                out.push(processed);
-                if stop {
-                    break;
-                }
-            }
-            return out;
-        }
-        let keys: Vec<Result<Key, KeyError>> = messages.iter().map(|m| (self.key)(m)).collect();
-        let valid: Vec<Key> = keys
-            .iter()
-            .filter_map(|k| k.as_ref().ok().cloned())
-            .collect();
-        let mut prepared = self
-            .coordinator
-            .prepare(&self.operation, &valid)
-            .await
-            .into_iter();
-        for (m, key) in messages.iter().zip(keys) {
+        for m in messages {
             if !go_on() {
-                break;
+                break; // the unused claims are released as they drop
             }
-            let processed = match key {
-                Ok(key) => self.run(m, &key, prepared.next(), 1).await,
-                Err(e) => self.key_failed(&e),
-            };
+            let processed = self.process_prepared(m, claims.next().flatten(), 1).await;
             let stop = !processed.settlement.is_final();
             out.push(processed);
             if stop {

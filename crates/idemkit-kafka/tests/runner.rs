@@ -16,7 +16,7 @@ use idemkit_core::{Coordinator, Key, Operation};
 use idemkit_kafka::KafkaRunner;
 use idemkit_redis::RedisStore;
 use rdkafka::Message as _;
-use rdkafka::consumer::{Consumer, StreamConsumer};
+
 use rdkafka::message::{Headers as _, OwnedMessage};
 use support::*;
 
@@ -142,24 +142,6 @@ async fn the_same_order_published_twice_has_one_effect() {
     );
 }
 
-/// Consumes the dead-letter topic from the start until `n` records arrived.
-async fn dead_letters(brokers: &str, topic: &str, n: usize) -> Vec<OwnedMessage> {
-    let c: StreamConsumer = consumer_config(brokers, &unique("dlq-reader"))
-        .create()
-        .unwrap();
-    c.subscribe(&[topic]).unwrap();
-    let mut out = Vec::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while out.len() < n {
-        match tokio::time::timeout_at(deadline, c.recv()).await {
-            Ok(Ok(m)) => out.push(m.detach()),
-            Ok(Err(e)) => panic!("dead-letter read: {e}"),
-            Err(_) => break,
-        }
-    }
-    out
-}
-
 fn header(m: &OwnedMessage, name: &str) -> Option<String> {
     m.headers()?
         .iter()
@@ -195,7 +177,7 @@ async fn a_message_without_a_key(
     })
     .await;
     assert!(moved_on, "the message after the poison one was handled");
-    let dlq = dead_letters(brokers, &dead, 1).await;
+    let dlq = read_topic(brokers, &dead, 1).await;
     stop.notify_one();
     task.await.unwrap();
     (effects(&mails).await, dlq)
@@ -285,7 +267,7 @@ async fn a_handler_that_keeps_failing_is_retried_then_dead_lettered() {
     )
     .dead_letter_topic(&dead);
     let task = spawn_runner(runner.run(async move { s.notified().await }));
-    let dlq = dead_letters(&brokers, &dead, 1).await;
+    let dlq = read_topic(&brokers, &dead, 1).await;
     let moved_on = eventually(Duration::from_secs(30), || async {
         tries.lock().unwrap().get("order-2") == Some(&1)
     })

@@ -8,10 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idemkit_core::consume::{Processor, RetryPolicy, Settlement};
-use idemkit_core::{
-    BeginRequest, Claim, Coordinator, InFlight, Key, MemoryStore, Operation, OwnerToken, Policy,
-    StorageKey, Store,
-};
+use idemkit_core::{Coordinator, InFlight, Key, MemoryStore, Operation, Policy, StorageKey, Store};
 use idemkit_kafka::{KafkaRunner, RebalanceEvent};
 use rdkafka::Message as _;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
@@ -116,7 +113,7 @@ async fn a_panicking_handler_is_retried_then_dead_lettered_and_nothing_behind_it
         "three tries, then the dead letter"
     );
     assert!(parked, "the committed offset passed every message");
-    let dlq = eventually_read(&brokers, &dead, 1).await;
+    let dlq = read_topic(&brokers, &dead, 1).await;
     assert_eq!(dlq.len(), 1, "the panicking message is dead-lettered");
     assert_eq!(dlq[0].payload(), Some(&b"poison"[..]));
 }
@@ -198,7 +195,7 @@ async fn a_panicking_hook_is_a_failure_of_its_message_not_of_the_partition() {
         1,
         "the retry replayed, it did not run again"
     );
-    assert_eq!(eventually_read(&brokers, &dead, 1).await.len(), 1);
+    assert_eq!(read_topic(&brokers, &dead, 1).await.len(), 1);
 }
 
 /// Item 7: a message whose key a dead worker holds (a reservation with a 10-minute lease)
@@ -213,18 +210,7 @@ async fn a_message_waiting_on_a_dead_owner_goes_on_when_the_owner_is_released() 
     create_topic(&brokers, &topic, 1).await;
     let store = MemoryStore::new();
     let key = StorageKey::new(&op(), None, &Key::new("order-7").unwrap());
-    let dead = match store
-        .begin(&BeginRequest::new(
-            &key,
-            OwnerToken::random(),
-            Duration::from_secs(600),
-        ))
-        .await
-        .unwrap()
-    {
-        Claim::Reserved { ownership, .. } => ownership,
-        other => panic!("{other:?}"),
-    };
+    let dead = idemkit_test::reserve(&store, &key, Duration::from_secs(600)).await;
     let handled: Handled = Arc::default();
     let seen = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let processor = {
@@ -438,23 +424,4 @@ async fn offsets_are_stored_as_messages_settle_not_per_batch() {
         stored,
         "with m9 still running, the group's committed offset is {seen:?}, not 9"
     );
-}
-
-/// Reads `topic` from the start until `n` records arrived (30 s at most).
-async fn eventually_read(brokers: &str, topic: &str, n: usize) -> Vec<OwnedMessage> {
-    use rdkafka::consumer::StreamConsumer;
-    let c: StreamConsumer = consumer_config(brokers, &unique("dlq-reader"))
-        .create()
-        .unwrap();
-    c.subscribe(&[topic]).unwrap();
-    let mut out = Vec::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while out.len() < n {
-        match tokio::time::timeout_at(deadline, c.recv()).await {
-            Ok(Ok(m)) => out.push(m.detach()),
-            Ok(Err(e)) => panic!("read: {e}"),
-            Err(_) => break,
-        }
-    }
-    out
 }

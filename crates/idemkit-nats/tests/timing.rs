@@ -9,10 +9,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, Message, consumer::PullConsumer, consumer::pull, stream};
 use idemkit_core::consume::{Processor, RetryPolicy, Settlement};
-use idemkit_core::{
-    BeginRequest, Claim, Coordinator, Key, MemoryStore, Operation, OwnerToken, Policy, StorageKey,
-    Store,
-};
+use idemkit_core::{Coordinator, Key, MemoryStore, Operation, Policy, StorageKey, Store};
 use idemkit_nats::JetStreamRunner;
 use idemkit_test::{Fault, Probe};
 use support::*;
@@ -253,18 +250,7 @@ async fn a_message_waiting_on_a_dead_owner_goes_on_when_the_owner_is_released() 
     let (js, subject, consumer) = consumer(&url, Duration::from_secs(2), 50).await;
     let store = MemoryStore::new();
     let key = StorageKey::new(&op(), None, &Key::new("order-7").unwrap());
-    let dead = match store
-        .begin(&BeginRequest::new(
-            &key,
-            OwnerToken::random(),
-            Duration::from_secs(600),
-        ))
-        .await
-        .unwrap()
-    {
-        Claim::Reserved { ownership, .. } => ownership,
-        other => panic!("{other:?}"),
-    };
+    let dead = idemkit_test::reserve(&store, &key, Duration::from_secs(600)).await;
     let handled = Arc::new(Mutex::new(0u32));
     let processor = {
         let handled = handled.clone();

@@ -163,3 +163,27 @@ pub async fn effects(list: &str) -> std::collections::BTreeMap<String, u32> {
 }
 
 pub use idemkit_test::eventually;
+
+/// Reads `topic` from the start (a reader group of its own) until `n` records arrived, or
+/// 30 s passed.
+pub async fn read_topic(
+    brokers: &str,
+    topic: &str,
+    n: usize,
+) -> Vec<rdkafka::message::OwnedMessage> {
+    use rdkafka::consumer::{Consumer as _, StreamConsumer};
+    let c: StreamConsumer = consumer_config(brokers, &unique("reader"))
+        .create()
+        .unwrap();
+    c.subscribe(&[topic]).unwrap();
+    let mut out = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while out.len() < n {
+        match tokio::time::timeout_at(deadline, c.recv()).await {
+            Ok(Ok(m)) => out.push(m.detach()),
+            Ok(Err(e)) => panic!("read {topic}: {e}"),
+            Err(_) => break,
+        }
+    }
+    out
+}
