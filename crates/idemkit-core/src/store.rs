@@ -419,7 +419,8 @@ impl StdError for StoreError {
 /// A backend that keeps idempotency records. One call per phase, each atomic in the store.
 ///
 /// Handles are cheap to clone (a connection pool, an `Arc`): the coordinator clones one into
-/// a background task when a caller's future is dropped mid-action, to release the key.
+/// a background task when it must finish a reservation after its caller has gone (a dropped
+/// call's completion, a lost `begin`'s reservation).
 ///
 /// Implementations must pass the conformance suite in `idemkit-test`.
 ///

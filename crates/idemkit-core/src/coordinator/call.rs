@@ -566,12 +566,15 @@ impl<'a, S: Store, C> Call<'a, S, C> {
     /// # Cancellation
     ///
     /// If the returned future is dropped while the action runs, the action is dropped with it
-    /// and the reservation is released from a background task (the effect may or may not have
-    /// happened, as after a crash; releasing lets the next delivery retry at once instead of
-    /// after the lease). If it is dropped after the action returned `Ok` but before the result
-    /// was stored, the result is still stored from a background task, so the action is not
-    /// run again. Without a tokio runtime to spawn on, the reservation simply expires with its
-    /// lease.
+    /// and, by default, the reservation is left to end with its lease (it is no longer
+    /// renewed): the effect may or may not have happened, or may still be landing downstream,
+    /// so, as after a crash, the next delivery runs after the lease, never beside it.
+    /// With [`OnCancel::Release`](crate::OnCancel::Release) ([`Policy::on_cancel`]) it is
+    /// released at once from a background task instead. If the future is dropped after the action
+    /// returned `Ok` but before the result was stored, the result is still stored from a
+    /// background task, so the action is not run again. Without a tokio runtime to spawn on,
+    /// the reservation simply expires with its lease. An action that panics releases the key
+    /// (as a failed action does), and the panic goes on to the caller.
     ///
     /// # Example
     ///

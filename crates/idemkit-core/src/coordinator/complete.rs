@@ -23,9 +23,10 @@ use crate::store::{CompleteRequest, Ownership, Store, StoreError};
 /// renewals stop and `complete` is called once (no retries: a failed statement ends a
 /// transaction). A failed completion fails the call with
 /// [`Error::Store`] (phase `Complete`): the completer's side must then not commit the effect.
-/// A call dropped during the action releases the key through the store; one dropped during
-/// the completion leaves it to the completer's transaction (committed: completed; rolled
-/// back: the reservation ends with its lease).
+/// A call dropped during the action leaves its reservation to its lease (or releases it,
+/// under [`OnCancel::Release`](crate::OnCancel::Release)); one dropped during the completion
+/// leaves it to the completer's transaction (committed: completed; rolled back: the
+/// reservation ends with its lease).
 ///
 /// # Example
 ///

@@ -12,7 +12,8 @@
 //!                        (rows 10, 21, 26)     │                 begin again (rows 11-14)
 //!                Err ──▶ release (row 22), or store a permanent error (row 29)
 //!   store error ──▶ fail closed, or run unprotected (fail-open; row 19)
-//!   dropped ──▶ the guard releases or completes (rows 17, 18, 27)
+//!   dropped ──▶ the guard leaves the key to its lease (or releases it), or completes
+//!               (rows 17, 18, 27); a panicking action releases, then resumes the panic
 //! ```
 
 use std::future::Future;
@@ -339,7 +340,8 @@ impl<S: Store, C> Call<'_, S, C> {
         let keeper = self.keeper(key, lease, reserved_at, policy, &state);
         let work = async {
             // Created before anything can be dropped mid-way: from here on a dropped call
-            // releases the key, or stores the outcome once the action succeeded.
+            // leaves the key to its lease (or releases it, `OnCancel::Release`), or stores the
+            // outcome once the action succeeded.
             let mut guard = self.guard(key, lease);
             let started = now();
             let attempt = Attempt {
