@@ -6,28 +6,26 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
-use hashbrown::HashTable;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::clock::Clock;
 use crate::coordinator::after;
 use crate::record::{FencingToken, OwnerToken, Record, RecordState, StoredResult};
-use crate::scan::{Listed, Scan, ScanCursor, ScanPage};
-use crate::store::{
-    BeginRequest, Claim, CompleteRequest, Ownership, RawStore, Replay, Store, StoreError,
-};
-use crate::{Fingerprint, Operation, StorageKey};
+use crate::store::{BeginRequest, Claim, CompleteRequest, Ownership, Replay, Store, StoreError};
+use crate::{Fingerprint, StorageKey};
+
+mod raw;
+mod table;
+#[cfg(test)]
+mod tests;
+
+use table::{MIN_SWEEP, Shard, Table};
 
 /// Number of independently locked shards. Each lock is held for a hash-map operation only
 /// (never across an `.await`), so a few dozen shards keep contention negligible on any core
 /// count this store is meant for.
 const SHARDS: usize = 32;
-
-/// A shard sweeps expired entries when it has grown to this many entries, and afterwards when
-/// it has doubled since the last sweep. Sweeping is therefore amortised O(1) per insert, and a
-/// shard never holds more than about twice the entries that were live at its last sweep.
-const MIN_SWEEP: usize = 1024;
 
 /// An in-process store: a sharded hash map with lease and TTL expiry on the tokio clock and
 /// push wake-ups for waiters.
@@ -74,13 +72,6 @@ struct Inner {
     /// that lock gives every key a strictly increasing sequence, across evictions too.
     next_fencing: AtomicU64,
     clock: Clock,
-}
-
-#[derive(Debug, Default)]
-struct Shard {
-    map: Table,
-    /// Sweep expired entries when `map` reaches this size (see [`MIN_SWEEP`]).
-    sweep_at: usize,
 }
 
 #[derive(Debug)]
@@ -268,74 +259,6 @@ fn corrupt(bytes: &Bytes) -> StoreError {
     }
 }
 
-/// One shard's entries, looked up with the hash the shard was chosen by: one hash per call.
-/// Each entry keeps its hash, so growing or shrinking the table rehashes nothing (SipHash
-/// over every key was a tenth of a miss's time while the map grew).
-#[derive(Debug, Default)]
-struct Table {
-    entries: HashTable<(u64, Box<str>, Entry)>,
-}
-
-impl Table {
-    fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    fn get(&self, hash: u64, key: &str) -> Option<&Entry> {
-        self.entries
-            .find(hash, |(h, k, _)| *h == hash && **k == *key)
-            .map(|(_, _, e)| e)
-    }
-
-    fn get_mut(&mut self, hash: u64, key: &str) -> Option<&mut Entry> {
-        self.entries
-            .find_mut(hash, |(h, k, _)| *h == hash && **k == *key)
-            .map(|(_, _, e)| e)
-    }
-
-    /// Inserts or replaces; returns the replaced entry.
-    fn insert(&mut self, hash: u64, key: &str, entry: Entry) -> Option<Entry> {
-        if let Some(old) = self.get_mut(hash, key) {
-            return Some(std::mem::replace(old, entry));
-        }
-        self.entries
-            .insert_unique(hash, (hash, key.into(), entry), |(h, _, _)| *h);
-        None
-    }
-
-    fn remove(&mut self, hash: u64, key: &str) -> Option<Entry> {
-        let found = self
-            .entries
-            .find_entry(hash, |(h, k, _)| *h == hash && **k == *key)
-            .ok()?;
-        Some(found.remove().0.2)
-    }
-
-    fn retain(&mut self, mut keep: impl FnMut(&Entry) -> bool) {
-        self.entries.retain(|(_, _, e)| keep(e));
-    }
-
-    /// Shrinks the table when under a quarter of its capacity is used.
-    fn shrink_if_sparse(&mut self) {
-        if self.entries.len() < self.entries.capacity() / 4 {
-            self.entries
-                .shrink_to(self.entries.len() * 2, |(h, _, _)| *h);
-        }
-    }
-}
-
-impl Shard {
-    fn sweep_if_due(&mut self, now: Instant) {
-        if self.map.len() >= self.sweep_at {
-            self.map.retain(|e| e.expires() > now);
-            self.sweep_at = (self.map.len() * 2).max(MIN_SWEEP);
-            // After a burst, give the memory back: the table keeps its peak capacity
-            // otherwise.
-            self.map.shrink_if_sparse();
-        }
-    }
-}
-
 impl Store for MemoryStore {
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Claim, StoreError> {
         let (mut shard, h, now) = self.shard(req.key);
@@ -503,203 +426,5 @@ impl Store for MemoryStore {
             Some(Entry::Foreign { bytes, expires }) if *expires > now => Err(corrupt(bytes)),
             _ => Ok(None),
         }
-    }
-}
-
-impl RawStore for MemoryStore {
-    async fn put_raw(
-        &self,
-        key: &StorageKey,
-        bytes: Bytes,
-        ttl: Duration,
-    ) -> Result<(), StoreError> {
-        let now = self.inner.clock.now();
-        let expires = after(now, ttl);
-        let entry = match Record::decode(&bytes) {
-            Ok(r) => {
-                // Keep the fencing sequence above anything written by hand.
-                self.inner
-                    .next_fencing
-                    .fetch_max(r.fencing.get().saturating_add(1), Ordering::Relaxed);
-                Entry::Record(Slot {
-                    state: match r.state {
-                        RecordState::Completed(o) => State::Completed(o),
-                        _ => State::Reserved,
-                    },
-                    owner: r.owner,
-                    fencing: r.fencing,
-                    fingerprint: r.fingerprint,
-                    created: now,
-                    expires,
-                    waiters: None,
-                })
-            }
-            Err(_) => Entry::Foreign { bytes, expires },
-        };
-        let (mut shard, h, _) = self.shard(key);
-        shard.sweep_if_due(now);
-        if let Some(Entry::Record(mut old)) = shard.map.insert(h, key.as_str(), entry) {
-            old.wake_waiters();
-        }
-        Ok(())
-    }
-
-    async fn purge(&self, key: &StorageKey) -> Result<bool, StoreError> {
-        let (mut shard, h, _) = self.shard(key);
-        match shard.map.remove(h, key.as_str()) {
-            Some(Entry::Record(mut old)) => {
-                old.wake_waiters();
-                Ok(true)
-            }
-            Some(Entry::Foreign { .. }) => Ok(true),
-            None => Ok(false),
-        }
-    }
-}
-
-/// A page is the next `count` keys in key order after the cursor (the last key of the
-/// previous page): every page looks at every entry, which is fine for the embedded store's
-/// sizes and keeps a walk exact while the store changes.
-impl Scan for MemoryStore {
-    async fn scan(
-        &self,
-        operation: Option<&Operation>,
-        cursor: Option<&ScanCursor>,
-        count: usize,
-    ) -> Result<ScanPage, StoreError> {
-        let clock = &self.inner.clock;
-        let now_ms = clock.unix_ms(clock.now());
-        let after = cursor.map(ScanCursor::as_str);
-        let prefix = operation.map(|op| format!("{}:", op.as_str()));
-        let count = count.max(1);
-        let mut found: Vec<Listed> = Vec::new();
-        for shard in &self.inner.shards {
-            let shard = lock(shard);
-            for (_, name, entry) in shard.map.entries.iter() {
-                let name: &str = name;
-                if after.is_some_and(|a| name <= a)
-                    || prefix.as_deref().is_some_and(|p| !name.starts_with(p))
-                {
-                    continue;
-                }
-                let Some((op, scope, key)) = StorageKey::parse(name) else {
-                    continue;
-                };
-                let key = StorageKey::new(&op, scope.as_ref(), &key);
-                found.push(match entry {
-                    Entry::Record(slot) => {
-                        let record = slot.record(clock);
-                        let size = record.encode().len() as u64;
-                        Listed::new(key, Some(record), size)
-                    }
-                    Entry::Foreign { bytes, .. } => Listed::new(key, None, bytes.len() as u64),
-                });
-            }
-            // Keep only the `count` smallest keys seen so far: bounded memory per page.
-            if found.len() > count {
-                found.sort_unstable_by(|a, b| a.key.cmp(&b.key));
-                found.truncate(count);
-            }
-        }
-        found.sort_unstable_by(|a, b| a.key.cmp(&b.key));
-        let next = (found.len() == count)
-            .then(|| found.last().map(|l| ScanCursor::new(l.key.as_str())))
-            .flatten();
-        Ok(ScanPage::new(found, next, now_ms))
-    }
-
-    async fn remove(&self, key: &StorageKey, fencing: FencingToken) -> Result<bool, StoreError> {
-        let (mut shard, h, _) = self.shard(key);
-        match shard.map.get(h, key.as_str()) {
-            Some(Entry::Record(slot)) if slot.fencing == fencing => {}
-            _ => return Ok(false),
-        }
-        if let Some(Entry::Record(mut old)) = shard.map.remove(h, key.as_str()) {
-            old.wake_waiters();
-        }
-        Ok(true)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::{Key, Operation, ResultKind};
-
-    fn key(i: usize) -> StorageKey {
-        StorageKey::new(
-            &Operation::new("op").unwrap(),
-            None,
-            &Key::new(format!("k{i}")).unwrap(),
-        )
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn an_expired_lease_is_reported_as_taken_over() {
-        let store = MemoryStore::new();
-        let k = key(0);
-        let lease = Duration::from_secs(1);
-        let first = store
-            .begin(&BeginRequest::new(&k, OwnerToken::random(), lease))
-            .await
-            .unwrap();
-        assert!(matches!(
-            first,
-            Claim::Reserved {
-                took_over: false,
-                ..
-            }
-        ));
-        tokio::time::advance(Duration::from_millis(1_001)).await;
-        let second = store
-            .begin(&BeginRequest::new(&k, OwnerToken::random(), lease))
-            .await
-            .unwrap();
-        assert!(
-            matches!(
-                second,
-                Claim::Reserved {
-                    took_over: true,
-                    ..
-                }
-            ),
-            "{second:?}"
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn memory_stays_bounded_under_ttl_churn() {
-        let store = MemoryStore::new();
-        let ttl = Duration::from_secs(1);
-        let mut peak = 0;
-        // 40 rounds of 5,000 fresh keys, each completed with a 1 s TTL, then 2 s pass: only
-        // one round is ever live, so the store must not keep all 200,000.
-        for round in 0..40 {
-            for i in 0..5_000 {
-                let k = key(round * 5_000 + i);
-                let req = BeginRequest::new(&k, OwnerToken::random(), ttl);
-                let Claim::Reserved {
-                    ownership: lease, ..
-                } = store.begin(&req).await.unwrap()
-                else {
-                    panic!("fresh key not reserved")
-                };
-                let c = CompleteRequest::new(ResultKind::Value, "1", ttl);
-                store.complete(&k, &lease, &c).await.unwrap();
-            }
-            peak = peak.max(store.len());
-            tokio::time::advance(Duration::from_secs(2)).await;
-        }
-        // Live at any time: 5,000. Bound: about twice the live set per shard plus the floor.
-        assert!(
-            peak <= 2 * 5_000 + SHARDS * MIN_SWEEP,
-            "peak {peak} entries"
-        );
-        assert!(
-            peak < 200_000 / 4,
-            "peak {peak} entries: expired records are not evicted"
-        );
-        store.purge_expired();
-        assert_eq!(store.len(), 0, "every record is past its TTL");
     }
 }

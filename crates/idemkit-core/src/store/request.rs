@@ -1,0 +1,231 @@
+//! What the store's calls take and answer.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::record::{FencingToken, OwnerToken, ResultKind, StoredResult};
+use crate::{Fingerprint, StorageKey};
+
+/// What [`Store::begin`] asks for.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use idemkit_core::{BeginRequest, Key, Operation, OwnerToken, StorageKey};
+///
+/// let key = StorageKey::new(&Operation::new("op")?, None, &Key::new("k")?);
+/// let req = BeginRequest::new(&key, OwnerToken::random(), Duration::from_secs(15));
+/// assert_eq!(req.lease, Duration::from_secs(15));
+/// # Ok::<(), idemkit_core::KeyError>(())
+/// ```
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct BeginRequest<'a> {
+    /// The record's key.
+    pub key: &'a StorageKey,
+    /// The token the caller will prove ownership with.
+    pub owner: OwnerToken,
+    /// How long the reservation holds without renewal.
+    pub lease: Duration,
+    /// The request's fingerprint; compared exactly (absent counts as a value) with the stored one.
+    pub fingerprint: Option<Fingerprint>,
+}
+
+impl<'a> BeginRequest<'a> {
+    /// A request without a fingerprint.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use idemkit_core::{BeginRequest, Key, Operation, OwnerToken, StorageKey};
+    /// # let key = StorageKey::new(&Operation::new("op")?, None, &Key::new("k")?);
+    /// let req = BeginRequest::new(&key, OwnerToken::random(), Duration::from_secs(1));
+    /// assert!(req.fingerprint.is_none());
+    /// # Ok::<(), idemkit_core::KeyError>(())
+    /// ```
+    pub fn new(key: &'a StorageKey, owner: OwnerToken, lease: Duration) -> Self {
+        BeginRequest {
+            key,
+            owner,
+            lease,
+            fingerprint: None,
+        }
+    }
+
+    /// Sets the fingerprint.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use idemkit_core::{BeginRequest, Fingerprint, Key, Operation, OwnerToken, StorageKey};
+    /// # let key = StorageKey::new(&Operation::new("op")?, None, &Key::new("k")?);
+    /// let req = BeginRequest::new(&key, OwnerToken::random(), Duration::from_secs(1))
+    ///     .with_fingerprint(Some(Fingerprint::of(b"body")));
+    /// assert!(req.fingerprint.is_some());
+    /// # Ok::<(), idemkit_core::KeyError>(())
+    /// ```
+    pub fn with_fingerprint(mut self, fingerprint: Option<Fingerprint>) -> Self {
+        self.fingerprint = fingerprint;
+        self
+    }
+}
+
+/// The proof that a caller holds a reservation: its owner token and the reservation's fencing
+/// token, both checked by every write. (The *lease* is how long the reservation lasts without
+/// renewal: a [`Duration`].)
+///
+/// # Example
+///
+/// ```
+/// use idemkit_core::{FencingToken, Ownership, OwnerToken};
+///
+/// let ownership = Ownership::new(OwnerToken::from_u128(1), FencingToken::new(7));
+/// assert_eq!(ownership.fencing.get(), 7);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Ownership {
+    /// The owner's token.
+    pub owner: OwnerToken,
+    /// The reservation's fencing token.
+    pub fencing: FencingToken,
+}
+
+impl Ownership {
+    /// Builds one (stores do, when `begin` reserves).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use idemkit_core::{FencingToken, Ownership, OwnerToken};
+    /// let _ = Ownership::new(OwnerToken::random(), FencingToken::new(1));
+    /// ```
+    pub fn new(owner: OwnerToken, fencing: FencingToken) -> Self {
+        Ownership { owner, fencing }
+    }
+}
+
+/// A completed record as `begin` returns it for replay.
+///
+/// # Example
+///
+/// ```
+/// use idemkit_core::{Replay, FencingToken, ResultKind, StoredResult};
+///
+/// let c = Replay::new(FencingToken::new(1), StoredResult::new(ResultKind::Value, "1"));
+/// assert_eq!(c.outcome.kind(), ResultKind::Value);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Replay {
+    /// The fencing token of the reservation that completed.
+    pub fencing: FencingToken,
+    /// What it stored.
+    pub outcome: StoredResult,
+}
+
+impl Replay {
+    /// Builds one.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use idemkit_core::{Replay, FencingToken, ResultKind, StoredResult};
+    /// let _ = Replay::new(FencingToken::new(1), StoredResult::new(ResultKind::Value, ""));
+    /// ```
+    pub fn new(fencing: FencingToken, outcome: StoredResult) -> Self {
+        Replay { fencing, outcome }
+    }
+}
+
+/// The answer of [`Store::begin`].
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use idemkit_core::{Claim, BeginRequest, Key, MemoryStore, Operation, OwnerToken, StorageKey, Store};
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
+/// let store = MemoryStore::new();
+/// let key = StorageKey::new(&Operation::new("op")?, None, &Key::new("k")?);
+/// let req = BeginRequest::new(&key, OwnerToken::random(), Duration::from_secs(15));
+/// assert!(matches!(store.begin(&req).await?, Claim::Reserved { .. }));
+/// let other = BeginRequest::new(&key, OwnerToken::random(), Duration::from_secs(15));
+/// assert!(matches!(store.begin(&other).await?, Claim::InFlight { .. }));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # })?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Claim {
+    /// The caller now owns the key.
+    Reserved {
+        /// The caller's proof of ownership (owner token and fencing token).
+        ownership: Ownership,
+        /// Whether this took over a reservation whose lease had expired (its owner died or
+        /// stalled past its lease).
+        took_over: bool,
+    },
+    /// The key was completed; here is what to replay.
+    Replay(Replay),
+    /// Another owner holds a live lease.
+    InFlight {
+        /// Time left on that lease, by the store's clock.
+        retry_after: Duration,
+        /// That reservation's fencing token, for [`Store::wait`].
+        fencing: FencingToken,
+        /// How long that owner has held the key, by the store's clock, if the store knows.
+        held_for: Option<Duration>,
+    },
+    /// The key is in use (reserved or completed) with a different fingerprint.
+    Mismatch,
+}
+
+/// What [`Store::complete`] writes.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use idemkit_core::{CompleteRequest, ResultKind};
+///
+/// let c = CompleteRequest::new(ResultKind::Value, "\"em_1\"", Duration::from_millis(1500));
+/// assert_eq!(c.ttl, Duration::from_millis(1500));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CompleteRequest {
+    /// What kind of outcome.
+    pub kind: ResultKind,
+    /// The encoded outcome.
+    pub bytes: Bytes,
+    /// How long to keep the completed record, exactly (stores round up only to their own
+    /// resolution: milliseconds for Redis).
+    pub ttl: Duration,
+}
+
+impl CompleteRequest {
+    /// Builds one.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use idemkit_core::{CompleteRequest, ResultKind};
+    /// let c = CompleteRequest::new(ResultKind::Value, vec![1, 2], Duration::from_secs(1));
+    /// assert_eq!(&c.bytes[..], &[1, 2]);
+    /// ```
+    pub fn new(kind: ResultKind, bytes: impl Into<Bytes>, ttl: Duration) -> Self {
+        CompleteRequest {
+            kind,
+            bytes: bytes.into(),
+            ttl,
+        }
+    }
+}
