@@ -11,7 +11,7 @@ use crate::observe::OpMetrics;
 /// Names are 1 to [`MAX_OPERATION_LEN`] bytes of `[A-Za-z0-9._/{}-]` and spaces (not at
 /// either end), so a route can name its operation (`POST /orders/{id}/pay`): they are code
 /// constants, metric labels and log fields, so a small alphabet keeps them readable
-/// everywhere. Never `:`, which separates the parts of a [`StorageKey`]. Cloning is a
+/// everywhere. Never `:`, which separates the parts of a [`StorageKey`](super::StorageKey). Cloning is a
 /// reference-count increment.
 ///
 /// Each `Operation` caches its metric handles, registered on its first call (see

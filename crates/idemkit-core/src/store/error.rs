@@ -26,7 +26,7 @@ pub enum StoreErrorKind {
     LeaseLost,
     /// The bytes under the key are not a record this version reads (damaged, or written by
     /// something else). Nothing was changed; an operator must look (read it with
-    /// [`Store::get`], remove it with [`RawStore::purge`]).
+    /// [`Store::get`](super::Store::get), remove it with [`RawStore::purge`](super::RawStore::purge)).
     Corrupt,
     /// The store refused the request itself (say, a value over a server limit). Retrying the
     /// same request will not help.
@@ -35,7 +35,7 @@ pub enum StoreErrorKind {
     Other,
 }
 
-/// An error from a [`Store`]: a [`StoreErrorKind`] and an opaque source.
+/// An error from a [`Store`](super::Store): a [`StoreErrorKind`] and an opaque source.
 ///
 /// # Example
 ///

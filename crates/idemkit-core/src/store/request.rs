@@ -7,7 +7,7 @@ use bytes::Bytes;
 use crate::record::{FencingToken, OwnerToken, ResultKind, StoredResult};
 use crate::{Fingerprint, StorageKey};
 
-/// What [`Store::begin`] asks for.
+/// What [`Store::begin`](super::Store::begin) asks for.
 ///
 /// # Example
 ///
@@ -142,7 +142,7 @@ impl Replay {
     }
 }
 
-/// The answer of [`Store::begin`].
+/// The answer of [`Store::begin`](super::Store::begin).
 ///
 /// # Example
 ///
@@ -178,7 +178,7 @@ pub enum Claim {
     InFlight {
         /// Time left on that lease, by the store's clock.
         retry_after: Duration,
-        /// That reservation's fencing token, for [`Store::wait`].
+        /// That reservation's fencing token, for [`Store::wait`](super::Store::wait).
         fencing: FencingToken,
         /// How long that owner has held the key, by the store's clock, if the store knows.
         held_for: Option<Duration>,
@@ -187,7 +187,7 @@ pub enum Claim {
     Mismatch,
 }
 
-/// What [`Store::complete`] writes.
+/// What [`Store::complete`](super::Store::complete) writes.
 ///
 /// # Example
 ///
