@@ -4,7 +4,15 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use std::time::Duration;
+
+use idemkit_core::{FencingToken, StorageKey, StoreError};
+use redis::RedisError;
 use tokio::sync::{Notify, OnceCell};
+
+use crate::conn::Conn;
+use crate::keys::{self, channel};
+use crate::{RedisStore, scripts};
 
 /// A channel's wake-up, its local waiters, and its subscription (made once, by whichever
 /// waiter gets there first; the others wait for it before they check the record, so a
@@ -109,5 +117,99 @@ impl<U: FnOnce(String)> Drop for Registration<U> {
         if let (true, Some(unsubscribe)) = (last, self.unsubscribe.take()) {
             unsubscribe(channel);
         }
+    }
+}
+
+impl RedisStore {
+    /// The subscribe lock of a channel's stripe (see `Shared::pubsub`).
+    fn pubsub_lock(&self, channel: &str) -> &tokio::sync::Mutex<()> {
+        let stripes = &self.shared.pubsub;
+        &stripes[(keys::fnv1a(channel.as_bytes()) % stripes.len() as u64) as usize]
+    }
+
+    async fn subscribe(&self, channel: &str) -> Result<(), RedisError> {
+        match self.conn.clone() {
+            Conn::Cluster(mut c) => c.ssubscribe(channel).await,
+            Conn::Single(mut c) => c.subscribe(channel).await,
+            Conn::Dedicated(mut c) => c.subscribe(channel).await,
+        }
+    }
+
+    async fn unsubscribe(&self, channel: &str) -> Result<(), RedisError> {
+        match self.conn.clone() {
+            Conn::Cluster(mut c) => c.sunsubscribe(channel).await,
+            Conn::Single(mut c) => c.unsubscribe(channel).await,
+            Conn::Dedicated(mut c) => c.unsubscribe(channel).await,
+        }
+    }
+
+    /// `Store::wait`: subscribe to the key's channel (once per channel and process), check
+    /// that the reservation is still the live state and ask for a wake-up (`watch.lua`),
+    /// then sleep until the push, the lease's end or `timeout`.
+    pub(crate) async fn wait_pushed(
+        &self,
+        key: &StorageKey,
+        seen: FencingToken,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        let rkey = self.redis_key(key);
+        let store = self.clone();
+        // Dropped however this wait ends, a cancellation included: the last local waiter of
+        // the channel unsubscribes (in the background, off the waiter's path).
+        let registration = self.shared.waiters.join(channel(&rkey), move |channel| {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    let _wire = store.pubsub_lock(&channel).lock().await;
+                    if store.shared.waiters.has(&channel) {
+                        return; // a new waiter came: it subscribed (or will), keep it
+                    }
+                    if let Err(e) = store.unsubscribe(&channel).await {
+                        tracing::debug!(error = %e, "unsubscribe failed");
+                    }
+                });
+            }
+        });
+        // Created before subscribing: a message from then on is not lost.
+        let notify = registration.notify.clone();
+        let notified = notify.notified();
+        // Every waiter waits for the channel's subscription before it checks the record, so
+        // a completion after its check is published to a subscribed connection.
+        // Bounded: the coordinator trusts `call_timeout` for the whole wait, and a lock held
+        // by a slow subscribe of another waiter (a reconnecting connection) must not hold
+        // this one past it.
+        let subscribed = tokio::time::timeout(
+            self.shared.response_timeout,
+            registration.subscribed.get_or_try_init(|| async {
+                let channel = channel(&rkey);
+                let _wire = self.pubsub_lock(&channel).lock().await;
+                self.subscribe(&channel).await
+            }),
+        )
+        .await;
+        match subscribed {
+            Ok(Ok(_)) => {}
+            // No push: fall back to the lease's end, the bound every wait has anyway.
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "subscribe failed; waiting for the lease's end");
+            }
+            Err(_) => tracing::debug!("subscribe timed out; waiting for the lease's end"),
+        }
+        // Now check the reservation is still the live state and ask for a wake-up (the
+        // owner may have finished between the caller's `begin` and here).
+        let pttl: i64 = self
+            .eval(&scripts::WATCH, &rkey, |cmd| {
+                cmd.arg(&seen.get().to_be_bytes()[..]);
+            })
+            .await?;
+        if pttl == -1 {
+            return Err(StoreError::corrupt("a reservation without an expiry"));
+        }
+        if pttl > 0 {
+            // Never past the lease: an owner that died publishes nothing.
+            let until = timeout.min(Duration::from_millis(pttl as u64));
+            let _ = tokio::time::timeout(until, notified).await;
+        }
+        drop(registration);
+        Ok(())
     }
 }
