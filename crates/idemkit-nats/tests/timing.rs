@@ -61,6 +61,21 @@ async fn publish(js: &jetstream::Context, subject: &str, body: &str) {
 /// (delivered, settlement, body) of each settled delivery.
 type Log = Arc<Mutex<Vec<(u32, Settlement, String)>>>;
 
+/// `runner`, with every settled delivery appended to `log`.
+fn logged<S, K, H>(runner: JetStreamRunner<S, K, H>, log: &Log) -> JetStreamRunner<S, K, H>
+where
+    S: idemkit_core::Store,
+    K: Fn(&Message) -> Result<Key, idemkit_core::KeyError> + Send + Sync + 'static,
+    H: idemkit_core::consume::Handle<Message> + 'static,
+{
+    let log = log.clone();
+    runner.on_settled(move |s| {
+        log.lock()
+            .unwrap()
+            .push((s.delivered, s.processed.settlement.clone(), body(s.message)));
+    })
+}
+
 /// Item 9: the store is down for 1.5 s, then the handler fails once, then succeeds; the
 /// consumer's `max_deliver` is 3 and the retry budget 2 deliveries.
 ///
@@ -99,12 +114,7 @@ async fn a_store_outage_does_not_use_up_the_retry_budget() {
         )
     };
     let log: Log = Arc::default();
-    let seen = log.clone();
-    let runner = JetStreamRunner::new(consumer, processor).on_settled(move |s| {
-        seen.lock()
-            .unwrap()
-            .push((s.delivered, s.processed.settlement.clone(), body(s.message)));
-    });
+    let runner = logged(JetStreamRunner::new(consumer, processor), &log);
     let stop = Arc::new(tokio::sync::Notify::new());
     let s = stop.clone();
     let task = tokio::spawn(runner.run(async move { s.notified().await }));
@@ -160,12 +170,7 @@ async fn a_panicking_handler_is_retried_then_dead_lettered() {
         )
     };
     let log: Log = Arc::default();
-    let seen = log.clone();
-    let runner = JetStreamRunner::new(consumer, processor).on_settled(move |s| {
-        seen.lock()
-            .unwrap()
-            .push((s.delivered, s.processed.settlement.clone(), body(s.message)));
-    });
+    let runner = logged(JetStreamRunner::new(consumer, processor), &log);
     let stop = Arc::new(tokio::sync::Notify::new());
     let s = stop.clone();
     let task = tokio::spawn(runner.run(async move { s.notified().await }));
@@ -211,16 +216,10 @@ async fn buffered_messages_never_outlive_their_ack_wait() {
         },
     );
     let log: Log = Arc::default();
-    let seen = log.clone();
-    let runner = JetStreamRunner::new(consumer, processor)
-        .concurrency(2)
-        .on_settled(move |s| {
-            seen.lock().unwrap().push((
-                s.delivered,
-                s.processed.settlement.clone(),
-                body(s.message),
-            ));
-        });
+    let runner = logged(
+        JetStreamRunner::new(consumer, processor).concurrency(2),
+        &log,
+    );
     let stop = Arc::new(tokio::sync::Notify::new());
     let s = stop.clone();
     let task = tokio::spawn(runner.run(async move { s.notified().await }));
