@@ -15,10 +15,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use idemkit_core::consume::Processor;
 use idemkit_core::{Coordinator, Key, Operation};
 use idemkit_kafka::KafkaRunner;
 use idemkit_redis::RedisStore;
+use idemkit_runner::Processor;
 use rdkafka::ClientConfig;
 use rdkafka::Message as _;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};

@@ -82,7 +82,7 @@ pub(crate) struct BenchArgs {
 /// # Example
 ///
 /// ```
-/// let rt = idemkit_cli::bench::runtime(1).unwrap();
+/// let rt = idemkit_bench::runtime(1).unwrap();
 /// assert_eq!(rt.block_on(async { 1 + 1 }), 2);
 /// ```
 pub(crate) fn runtime(workers: usize) -> std::io::Result<tokio::runtime::Runtime> {
@@ -183,7 +183,7 @@ where
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), String> {
-/// use idemkit_cli::bench::Bench;
+/// use idemkit_bench::Bench;
 ///
 /// let bench = Bench::connect("redis://127.0.0.1:6379").await?;
 /// let conn = bench.raw();
@@ -366,7 +366,7 @@ const CONNECTION_SETUP: [&str; 3] = ["\"CLIENT\"", "\"client\"", "\"HELLO\""];
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), String> {
-/// let report = idemkit_cli::bench::run("redis://127.0.0.1:6379", 100_000, 1).await?;
+/// let report = idemkit_bench::run("redis://127.0.0.1:6379", 100_000, 1).await?;
 /// println!("{report}");
 /// # Ok(()) }
 /// ```
@@ -497,7 +497,7 @@ pub(crate) async fn run(url: &str, ops: usize, workers: usize) -> Result<Report,
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), String> {
-/// use idemkit_cli::bench;
+/// use idemkit_bench;
 /// let report = bench::rounds(3, || bench::run("redis://127.0.0.1:6379", 10_000, 1)).await?;
 /// println!("{report}");
 /// # Ok(()) }
@@ -523,7 +523,7 @@ impl Report {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use idemkit_cli::bench::{Report, Row};
+    /// use idemkit_bench::{Report, Row};
     ///
     /// let round = |ops_per_sec| Report {
     ///     workers: 1,

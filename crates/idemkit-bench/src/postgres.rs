@@ -73,8 +73,8 @@ pub(crate) async fn run(url: &str, ops: usize, rounds: usize) -> Result<PgReport
     .map_err(err)?;
     let store = PgStore::builder()
         .schema("idemkit_bench")
-        .map_err(|e| e.to_string())?
-        .build(pool.clone());
+        .build(pool.clone())
+        .map_err(|e| e.to_string())?;
     store.migrate().await.map_err(|e| e.to_string())?;
     let c = Coordinator::new(store);
     let op = Operation::new("bench").map_err(|e| e.to_string())?;
@@ -296,8 +296,8 @@ async fn count_statements(
     let path = log_path(&pool).await?;
     let store = PgStore::builder()
         .schema("idemkit_bench")
-        .map_err(|e| e.to_string())?
-        .build(pool.clone());
+        .build(pool.clone())
+        .map_err(|e| e.to_string())?;
     let c = Coordinator::new(store);
     let mut out = Vec::new();
     const CALLS: usize = 20;

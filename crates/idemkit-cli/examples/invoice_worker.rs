@@ -71,8 +71,9 @@ fn parse() -> Result<Args, String> {
 async fn store(a: &Args) -> Result<DynStore, Box<dyn std::error::Error>> {
     if a.store.starts_with("postgres") {
         let store = idemkit_postgres::PgStore::builder()
-            .schema(&a.schema)?
-            .connect(&a.store, 2)
+            .schema(&a.schema)
+            .max_connections(2)
+            .connect(&a.store)
             .await?;
         store.migrate().await?;
         Ok(DynStore::new(store))

@@ -1,17 +1,17 @@
-//! `idemkit`: the seed's demo, and the operator's tools (`inspect`, `list`, `release`,
-//! `purge`, `stats`, and `serve` for a status page with `/metrics`).
+//! `idemkit`: the operator's tool: `inspect`, `list`, `release`, `purge`, `stats`, and
+//! `serve` for a status page with `/metrics`. (The seed's demo is its own binary,
+//! `idemkit-demo`.)
 //!
-//! Run with: `cargo run --release --bin idemkit -- demo`
+//! Run with: `cargo run --release --bin idemkit -- list --store redis://127.0.0.1:6379`
 
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 mod listing;
 mod ops;
 mod serve;
+mod templates;
 
 use clap::{Parser, Subcommand};
-use idemkit_core::MemoryStore;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -26,13 +26,11 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the seed's three experiments and the consumer experiment, and print their tables.
+    /// The seed's demo moved to its own binary: says so, and exits 2.
+    #[command(hide = true)]
     Demo {
-        /// Where records live: `memory` (in-process), a `redis://` URL or a `postgres://` URL.
-        /// On Redis each run uses its own key prefix, and its records expire with their TTL
-        /// (one hour); on PostgreSQL each run uses its own schema, dropped at the end.
-        #[arg(long, default_value = "memory")]
-        store: String,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+        args: Vec<String>,
     },
     /// Show one record: state, owner, fencing token, age, time left, fingerprint, result.
     /// Exit codes: 0 shown, 2 bad arguments, 3 no live record, 4 store down, 5 not a record
@@ -104,17 +102,8 @@ enum Command {
     },
 }
 
-/// A run id component: distinct demo runs must not share keys.
-fn nanos() -> u64 {
-    #[allow(clippy::disallowed_methods)] // an identifier, not a deadline
-    let now = std::time::SystemTime::now();
-    now.duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // The demo runs its workers on two threads.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -127,27 +116,12 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Demo { store } => match store.as_str() {
-            "memory" => runtime.block_on(async {
-                let report = idemkit_cli::demo::run(MemoryStore::new).await;
-                let db = idemkit_cli::consumer::MemoryDb::default();
-                let consumer = idemkit_cli::consumer::run(&db, MemoryStore::new).await;
-                print!("{report}\n{consumer}");
-                ExitCode::SUCCESS
-            }),
-            url if url.starts_with("redis://") || url.starts_with("rediss://") => {
-                runtime.block_on(demo_on_redis(url))
-            }
-            url if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
-                runtime.block_on(demo_on_postgres(url))
-            }
-            other => {
-                eprintln!(
-                    "idemkit: unsupported store {other:?}; supported: memory, redis://HOST:PORT, postgres://USER@HOST/DB"
-                );
-                ExitCode::from(2)
-            }
-        },
+        Command::Demo { .. } => {
+            eprintln!(
+                "idemkit: the demo is its own binary now: cargo run --release --bin idemkit-demo"
+            );
+            ExitCode::from(2)
+        }
         Command::Inspect { store, record } => {
             runtime.block_on(ops::inspect(&store, &record)).into()
         }
@@ -171,79 +145,5 @@ fn main() -> ExitCode {
             runtime.block_on(listing::stats(&store, soon, json)).into()
         }
         Command::Serve { store, args } => runtime.block_on(serve::serve(&store, &args)).into(),
-    }
-}
-
-/// A store per experiment row: the same server, a key prefix per row.
-async fn demo_on_redis(url: &str) -> ExitCode {
-    let store = match idemkit_redis::RedisStore::connect(url).await {
-        Ok(store) => store,
-        Err(e) => {
-            eprintln!("idemkit: cannot connect to {url}: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let run = format!("idemkit-demo:{:016x}", std::process::id() as u64 ^ nanos());
-    let row = AtomicUsize::new(0);
-    let next = || {
-        let n = row.fetch_add(1, Ordering::Relaxed);
-        store.with_prefix(format!("{run}:{n}"))
-    };
-    let report = idemkit_cli::demo::run(&next).await;
-    let db = idemkit_cli::consumer::MemoryDb::default();
-    let consumer = idemkit_cli::consumer::run(&db, &next).await;
-    print!("{report}\n{consumer}");
-    ExitCode::SUCCESS
-}
-
-/// A table per experiment row, in a schema of this run's own (dropped at the end); experiment
-/// 4's ledger and inbox are real tables there.
-async fn demo_on_postgres(url: &str) -> ExitCode {
-    use idemkit_postgres::PgStore;
-    let pool = match sqlx::postgres::PgPoolOptions::new()
-        .max_connections(8)
-        .test_before_acquire(false)
-        .acquire_timeout(std::time::Duration::from_secs(5))
-        .connect(url)
-        .await
-    {
-        Ok(pool) => pool,
-        Err(e) => {
-            eprintln!("idemkit: cannot connect to {url}: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let schema = format!("idemkit_demo_{:016x}", std::process::id() as u64 ^ nanos());
-    let result: Result<_, Box<dyn std::error::Error>> = async {
-        // The demo's rows (7) and experiment 4's handlers (5), each on its own table.
-        let mut stores = Vec::new();
-        for n in 0..12 {
-            let store = PgStore::builder()
-                .schema(&schema)?
-                .table(&format!("records_{n}"))?
-                .build(pool.clone());
-            store.migrate().await?;
-            stores.push(store);
-        }
-        let db = idemkit_cli::postgres::PgDb::create(pool.clone(), &schema).await?;
-        let row = AtomicUsize::new(0);
-        let next = || stores[row.fetch_add(1, Ordering::Relaxed) % stores.len()].clone();
-        let report = idemkit_cli::demo::run(&next).await;
-        let consumer = idemkit_cli::consumer::run(&db, &next).await;
-        Ok((report, consumer))
-    }
-    .await;
-    let _ = sqlx::query(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
-        .execute(&pool)
-        .await;
-    match result {
-        Ok((report, consumer)) => {
-            print!("{report}\n{consumer}");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("idemkit: the demo failed on {url}: {e}");
-            ExitCode::FAILURE
-        }
     }
 }

@@ -167,14 +167,21 @@ pub(crate) async fn connect(s: &StoreArgs) -> Result<Target, Exit> {
             .map_err(|e| store_failed(&e))?;
         Ok(Target::Redis(store))
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        let builder = PgStore::builder()
+        let store = PgStore::builder()
             .schema(&s.schema)
-            .and_then(|b| b.table(&s.table))
-            .map_err(|e| fail(Exit::Usage, e))?;
-        let store = builder
-            .connect(url, 4)
+            .table(&s.table)
+            .max_connections(4)
+            .connect(url)
             .await
-            .map_err(|e| store_failed(&e))?;
+            .map_err(|e| {
+                // A refused schema or table name is the operator's typo, not an outage.
+                let name = std::error::Error::source(&e)
+                    .and_then(|s| s.downcast_ref::<idemkit_postgres::NameError>());
+                match name {
+                    Some(name) => fail(Exit::Usage, name),
+                    None => store_failed(&e),
+                }
+            })?;
         Ok(Target::Postgres(store))
     } else {
         Err(fail(

@@ -1,4 +1,5 @@
-//! `idemkit serve`: one server-rendered status page (no JavaScript) and `/metrics`.
+//! `idemkit serve`: one server-rendered status page (no JavaScript; its HTML from the maud
+//! templates of `templates.rs`) and `/metrics`.
 //!
 //! The page shows the in-flight reservations, oldest first, with their owner, age and lease
 //! left, and the records per operation and state. It is read-only unless the server was
@@ -7,7 +8,6 @@
 //! against a token of this process (a page of another origin cannot post one) and logged.
 //! It listens on loopback unless `--allow-remote`: it has no authentication of its own.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -21,10 +21,11 @@ use idemkit_core::{FencingToken, Operation, OwnerToken, Ownership, StorageKey};
 use serde::Deserialize;
 
 use crate::listing::{
-    Checked, OpStats, StateFilter, StoreFacts, count_matching, human, parse_duration,
-    purge_matching, store_facts, survey,
+    Checked, OpStats, StateFilter, count_matching, parse_duration, purge_matching, store_facts,
+    survey,
 };
 use crate::ops::{Exit, StoreArgs, Target, connect, fail};
+use crate::templates::{self, Status, query_escape};
 
 /// The server's options.
 #[derive(Debug, Clone, clap::Args)]
@@ -137,58 +138,10 @@ fn without_password(url: &str) -> String {
     }
 }
 
-/// Text for HTML.
-fn esc(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// Text for a query string.
-fn query_escape(text: &str) -> String {
-    let mut out = String::new();
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            let _ = write!(out, "%{b:02X}");
-        }
-    }
-    out
-}
-
-const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:2em;color:#222}\
-table{border-collapse:collapse;margin:1em 0}th,td{border:1px solid #ccc;padding:4px 10px;text-align:left}\
-th{background:#f3f3f3}td.n{text-align:right;font-variant-numeric:tabular-nums}\
-.warn{color:#a00;font-weight:bold}.ok{color:#070}.muted{color:#777}code{font-size:90%}\
-a.action,button{color:#fff;background:#a33;border:0;padding:3px 8px;border-radius:3px;text-decoration:none}";
-
-fn document(title: &str, body: &str) -> Html<String> {
-    Html(format!(
-        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{}</title><style>{STYLE}</style></head><body>{body}</body></html>",
-        esc(title)
-    ))
-}
-
 fn unavailable(e: impl std::fmt::Display) -> Response {
     (
         StatusCode::SERVICE_UNAVAILABLE,
-        document(
-            "idemkit: store unavailable",
-            &format!(
-                "<h1>Store unavailable</h1><p class=\"warn\">{}</p>",
-                esc(&e.to_string())
-            ),
-        ),
+        Html(templates::unavailable(&e.to_string()).into_string()),
     )
         .into_response()
 }
@@ -211,117 +164,19 @@ async fn page(State(app): State<Arc<App>>, Query(done): Query<Done>) -> Response
         &survey.by_op,
     );
     let facts = store_facts(&app.target).await;
-    let mut b = String::new();
-    let _ = write!(
-        b,
-        "<h1>idemkit status</h1><p>Store <code>{}</code> · {} · <span class=\"muted\">read at {} (store clock, Unix ms)</span></p>",
-        esc(&app.store),
-        if app.writes {
-            "<span class=\"warn\">writes allowed</span>"
-        } else {
-            "<span id=\"mode\">read-only</span>"
-        },
-        now
-    );
-    if let Some(done) = &done.done {
-        let _ = write!(b, "<p id=\"done\" class=\"ok\">{}</p>", esc(done));
-    }
-    let _ = write!(
-        b,
-        "<h2>In-flight reservations: {total}</h2><p class=\"muted\">Oldest first (at most {SHOWN}). A reservation far older than its operation's actions take is likely stuck: its owner died, and the next delivery waits until its lease ends.</p>"
-    );
-    b.push_str("<table id=\"in-flight\"><tr><th>Operation</th><th>Scope</th><th>Key</th><th>Owner</th><th>Fencing</th><th>Age</th><th>Lease left</th>");
-    if app.writes {
-        b.push_str("<th></th>");
-    }
-    b.push_str("</tr>");
-    for e in reservations {
-        let Some(r) = &e.record else { continue };
-        let Some((op, scope, key)) = StorageKey::parse(e.key.as_str()) else {
-            continue;
-        };
-        let _ = write!(
-            b,
-            "<tr data-key=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>",
-            esc(e.key.as_str()),
-            esc(op.as_str()),
-            esc(scope.as_ref().map_or("-", |s| s.as_str())),
-            esc(key.as_str()),
-            r.owner,
-            r.fencing.get(),
-            human(now.saturating_sub(r.created_at_ms)),
-            human(r.expires_at_ms.saturating_sub(now)),
-        );
-        if app.writes {
-            let _ = write!(
-                b,
-                "<td><a class=\"action\" href=\"/confirm/release?key={}&amp;owner={}&amp;fencing={}\">Release…</a></td>",
-                query_escape(e.key.as_str()),
-                r.owner,
-                r.fencing.get()
-            );
-        }
-        b.push_str("</tr>");
-    }
-    b.push_str("</table>");
-    stats_table(&mut b, &app, stats);
-    facts_lines(&mut b, &facts);
-    document("idemkit status", &b).into_response()
-}
-
-fn stats_table(b: &mut String, app: &App, stats: &BTreeMap<String, OpStats>) {
-    let _ = write!(
-        b,
-        "<h2>Records per operation</h2><table id=\"stats\"><tr><th>Operation</th><th>Reserved</th><th>Completed</th><th>Errors</th><th>Expired</th><th>Unreadable</th><th>Bytes</th><th>Expiring within {}</th><th>Oldest reservation</th>{}</tr>",
-        human(app.soon.as_millis() as u64),
-        if app.writes { "<th></th>" } else { "" }
-    );
-    for (op, s) in stats {
-        let c = s.cells();
-        let _ = write!(
-            b,
-            "<tr data-operation=\"{0}\"><td>{0}</td><td class=\"n\">{1}</td><td class=\"n\">{2}</td><td class=\"n\">{3}</td><td class=\"n\">{4}</td><td class=\"n\">{5}</td><td class=\"n\">{6}</td><td class=\"n\">{7}</td><td class=\"n\">{8}</td>",
-            esc(op),
-            c[0],
-            c[1],
-            c[2],
-            c[3],
-            c[4],
-            c[5],
-            c[6],
-            c[7]
-        );
-        if app.writes {
-            let _ = write!(
-                b,
-                "<td><a class=\"action\" href=\"/confirm/purge?operation={0}&amp;state=completed\">Purge completed…</a> <a class=\"action\" href=\"/confirm/purge?operation={0}&amp;state=expired\">Purge expired…</a></td>",
-                query_escape(op)
-            );
-        }
-        b.push_str("</tr>");
-    }
-    b.push_str("</table>");
-}
-
-fn facts_lines(b: &mut String, facts: &StoreFacts) {
-    if let Some(policy) = &facts.eviction_policy {
-        if policy == "noeviction" {
-            let _ = write!(
-                b,
-                "<p id=\"eviction\" class=\"ok\">Redis eviction policy: {}</p>",
-                esc(policy)
-            );
-        } else {
-            let _ = write!(
-                b,
-                "<p id=\"eviction\" class=\"warn\">Redis eviction policy: {}. A full server evicts reservations and records, and actions run again: set maxmemory-policy noeviction.</p>",
-                esc(policy)
-            );
-        }
-    }
-    if let Some(bytes) = facts.table_bytes {
-        let _ = write!(b, "<p id=\"table-size\">Table size: {bytes} bytes</p>");
-    }
+    let page = templates::status(&Status {
+        store: &app.store,
+        writes: app.writes,
+        now,
+        done: done.done.as_deref(),
+        total,
+        shown: SHOWN,
+        reservations,
+        soon_ms: app.soon.as_millis() as u64,
+        stats,
+        facts: &facts,
+    });
+    Html(page.into_string()).into_response()
 }
 
 /// A gauge of `/metrics`: name, help, and its value from one operation's numbers.
@@ -395,10 +250,7 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
 fn read_only() -> Response {
     (
         StatusCode::FORBIDDEN,
-        document(
-            "idemkit: read-only",
-            "<h1>Read-only</h1><p>This server was started without <code>--allow-writes</code>.</p>",
-        ),
+        Html(templates::read_only().into_string()),
     )
         .into_response()
 }
@@ -414,20 +266,8 @@ async fn confirm_release(State(app): State<Arc<App>>, Query(q): Query<ReleaseQue
     if !app.writes {
         return read_only();
     }
-    let body = format!(
-        "<h1>Release this reservation?</h1><p><code>{}</code>, owner <code>{}</code>, fencing token {}.</p>\
-         <p>Release it only if its owner is gone: the next delivery then runs the action at once. If the owner is alive, its completion will be refused and the effect may happen twice.</p>\
-         <form method=\"post\" action=\"/release\"><input type=\"hidden\" name=\"key\" value=\"{}\"><input type=\"hidden\" name=\"owner\" value=\"{}\"><input type=\"hidden\" name=\"fencing\" value=\"{}\"><input type=\"hidden\" name=\"token\" value=\"{}\">\
-         <button id=\"confirm\" type=\"submit\">Release</button> <a href=\"/\">Cancel</a></form>",
-        esc(&q.key),
-        esc(&q.owner),
-        q.fencing,
-        esc(&q.key),
-        esc(&q.owner),
-        q.fencing,
-        app.token
-    );
-    document("idemkit: release", &body).into_response()
+    let page = templates::confirm_release(&q.key, &q.owner, q.fencing, &app.token);
+    Html(page.into_string()).into_response()
 }
 
 #[derive(Debug, Deserialize)]
@@ -457,17 +297,8 @@ async fn confirm_purge(State(app): State<Arc<App>>, Query(q): Query<PurgeQuery>)
         Ok(n) => n,
         Err(e) => return unavailable(e),
     };
-    let body = format!(
-        "<h1>Purge {n} {} records of {}?</h1><p>Purged completed records are not replayed: a retry runs the action again.</p>\
-         <form method=\"post\" action=\"/purge\"><input type=\"hidden\" name=\"operation\" value=\"{}\"><input type=\"hidden\" name=\"state\" value=\"{}\"><input type=\"hidden\" name=\"token\" value=\"{}\">\
-         <button id=\"confirm\" type=\"submit\">Purge</button> <a href=\"/\">Cancel</a></form>",
-        esc(&q.state),
-        esc(&q.operation),
-        esc(&q.operation),
-        esc(&q.state),
-        app.token
-    );
-    document("idemkit: purge", &body).into_response()
+    let page = templates::confirm_purge(n, &q.operation, &q.state, &app.token);
+    Html(page.into_string()).into_response()
 }
 
 /// A write's checks: writes allowed, this process's token, and no foreign origin.

@@ -245,8 +245,8 @@ const SCHEMA: &str = "idemkit_cli_operate";
 async fn postgres() -> Option<idemkit_postgres::PgStore> {
     let store = idemkit_postgres::PgStore::builder()
         .schema(SCHEMA)
-        .unwrap()
-        .connect(&postgres_url(), 4)
+        .max_connections(4)
+        .connect(&postgres_url())
         .await;
     if !idemkit_test::require_service("postgres", store.is_ok()) {
         return None;

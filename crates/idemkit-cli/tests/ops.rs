@@ -159,8 +159,8 @@ async fn inspect_and_release_on_postgres() {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
     let store = idemkit_postgres::PgStore::builder()
         .schema("idemkit_cli_test")
-        .unwrap()
-        .connect(&url, 4)
+        .max_connections(4)
+        .connect(&url)
         .await;
     if !idemkit_test::require_service(&format!("postgres at {url}"), store.is_ok()) {
         return;

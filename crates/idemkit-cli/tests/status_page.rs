@@ -350,10 +350,9 @@ async fn the_page_and_metrics_on_postgres_and_on_a_cluster() {
     );
     let pg = idemkit_postgres::PgStore::builder()
         .schema(schema)
-        .unwrap()
         .table(&table)
-        .unwrap()
-        .connect(&pg_url, 2)
+        .max_connections(2)
+        .connect(&pg_url)
         .await;
     if !idemkit_test::require_service("postgres", pg.is_ok()) {
         return;

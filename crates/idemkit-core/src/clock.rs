@@ -14,6 +14,13 @@ pub(crate) fn now() -> Instant {
     Instant::now()
 }
 
+/// `Instant + Duration` that cannot panic: policies clamp durations to 100 years, and this
+/// saturates anything beyond the platform's range to a far future that is never reached.
+pub(crate) fn after(from: Instant, d: Duration) -> Instant {
+    from.checked_add(d)
+        .unwrap_or_else(|| from + Duration::from_secs(30 * 365 * 24 * 3600))
+}
+
 /// Maps the monotonic clock to Unix milliseconds, anchored once at construction.
 ///
 /// # Example

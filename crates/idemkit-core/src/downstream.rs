@@ -31,10 +31,9 @@
 use std::fmt;
 use std::sync::Arc;
 
-use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
-use crate::{Key, Operation, Scope, StorageKey};
+use crate::ident::{Key, Operation, Scope, StorageKey};
 
 /// The domain separator: no other SHA-256 input of idemkit starts with it.
 const DOMAIN: &[u8] = b"idemkit downstream key v1\0";
@@ -101,13 +100,10 @@ impl DownstreamKey {
                 h.update(key.as_str().as_bytes());
                 ("idk1_", h.finalize().into())
             }
-            Some(secret) => {
-                let mut m = <Hmac<Sha256> as Mac>::new_from_slice(&secret.0)
-                    .expect("HMAC takes a key of any length");
-                m.update(DOMAIN);
-                m.update(key.as_str().as_bytes());
-                ("idk1s_", m.finalize().into_bytes().into())
-            }
+            Some(secret) => (
+                "idk1s_",
+                hmac_sha256(&secret.0, &[DOMAIN, key.as_str().as_bytes()]),
+            ),
         };
         let mut out = String::with_capacity(prefix.len() + 52);
         out.push_str(prefix);
@@ -219,9 +215,52 @@ impl fmt::Display for SecretTooShort {
 
 impl std::error::Error for SecretTooShort {}
 
+/// HMAC-SHA-256 (RFC 2104) of the concatenated `parts`: SHA-256 of the key padded with
+/// `opad`, then of the key padded with `ipad` and the message. Written here over `sha2` (a
+/// dozen lines) rather than pulling the `hmac` crate into the core for one call.
+fn hmac_sha256(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+    const BLOCK: usize = 64;
+    let mut block = [0u8; BLOCK];
+    if key.len() > BLOCK {
+        block[..32].copy_from_slice(&Sha256::digest(key));
+    } else {
+        block[..key.len()].copy_from_slice(key);
+    }
+    let mut inner = Sha256::new();
+    inner.update(block.map(|b| b ^ 0x36));
+    for part in parts {
+        inner.update(part);
+    }
+    let mut outer = Sha256::new();
+    outer.update(block.map(|b| b ^ 0x5c));
+    outer.update(inner.finalize());
+    outer.finalize().into()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hmac_matches_rfc_4231() {
+        let hex = |d: [u8; 32]| d.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        // Test case 2: a short key, the message given in two parts.
+        assert_eq!(
+            hex(hmac_sha256(
+                b"Jefe",
+                &[b"what do ya want ", b"for nothing?"]
+            )),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+        // Test case 6: a key longer than the block is hashed first.
+        assert_eq!(
+            hex(hmac_sha256(
+                &[0xaa; 131],
+                &[b"Test Using Larger Than Block-Size Key - Hash Key First"]
+            )),
+            "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"
+        );
+    }
 
     #[test]
     fn base32_matches_rfc_4648() {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::StorageKey;
+use crate::ident::StorageKey;
 use crate::record::{FencingToken, Record};
 use crate::store::{
     BeginRequest, Claim, CompleteRequest, Ownership, RawStore, Store, StoreError, StoreErrorKind,

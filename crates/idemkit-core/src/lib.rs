@@ -41,15 +41,20 @@
 //!   a store's type, to choose it at run time.
 //! - [`memory`] holds the [`MemoryStore`].
 //! - [`record`] holds what a store keeps, and its versioned byte format.
-//! - [`consume`] settles one delivery of a queue or stream message: the mapping every
-//!   runner shares.
+//! - [`options`] holds the type-state of a [`Call`]'s options (`store_errors`, `completer`,
+//!   `prepared`): one call builder, one [`run`](Call::run).
+//! - [`scan`] holds the operators' listing and fenced removal, which a store may offer.
+//! - [`downstream`] derives a receiver's idempotency key from the effect.
 //! - [`observe`] names the metrics.
 //! - [`clock`] is the one place that reads time.
+//!
+//! A store author reads [`store`], [`record`] and [`ident`] (and [`scan`] for the operators'
+//! tools), then runs `idemkit-test`'s conformance suites; the coordinator is the store's
+//! only caller. The consumers' runner skeleton is the crate `idemkit-runner`.
 #![forbid(unsafe_code)]
 
 pub mod clock;
 mod codec;
-pub mod consume;
 mod coordinator;
 pub mod downstream;
 mod dynamic;
@@ -58,6 +63,7 @@ mod fingerprint;
 pub mod ident;
 pub mod memory;
 pub mod observe;
+mod phase;
 mod policy;
 pub mod record;
 pub mod scan;
@@ -65,16 +71,17 @@ pub mod store;
 mod unwind;
 
 pub use codec::{BytesCodec, Codec, JsonCodec};
+pub use coordinator::options;
 pub use coordinator::{
-    Attempt, Call, Completer, Coordinator, CoordinatorBuilder, Prepared, PreparedCall, Receipt,
-    Source,
+    Attempt, Call, Completer, Coordinator, CoordinatorBuilder, Prepared, Receipt, Source,
 };
 pub use downstream::{DownstreamKey, DownstreamSecret, SecretTooShort};
 pub use dynamic::DynStore;
-pub use error::{Disposition, Error, ErrorKind, LeaseLost, Phase};
+pub use error::{Disposition, Error, ErrorKind, LeaseLost};
 pub use fingerprint::Fingerprint;
 pub use ident::{IdentKind, Key, KeyError, Operation, Scope, StorageKey};
 pub use memory::MemoryStore;
+pub use phase::Phase;
 pub use policy::{InFlight, OnCancel, OnStoreError, Policy};
 pub use record::{
     FencingToken, OwnerToken, Record, RecordError, RecordState, ResultKind, StoredResult,

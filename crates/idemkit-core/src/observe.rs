@@ -15,7 +15,7 @@
 use metrics::{Counter, Histogram, SharedString};
 use tokio::time::Instant;
 
-use crate::Phase;
+use crate::phase::Phase;
 
 /// Calls answered from a completed record (replays).
 pub const HITS: &str = "idemkit_hits_total";

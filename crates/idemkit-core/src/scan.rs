@@ -51,9 +51,9 @@
 use std::fmt;
 use std::future::Future;
 
+use crate::ident::{Operation, StorageKey};
 use crate::record::{FencingToken, Record};
 use crate::store::{RawStore, StoreError};
-use crate::{Operation, StorageKey};
 
 /// Where the next page of a scan starts. Opaque: its text is the store's own (a `SCAN`
 /// cursor, a last key) and is only meant to be given back to the same store.

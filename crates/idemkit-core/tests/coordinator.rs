@@ -330,17 +330,20 @@ async fn permanent_errors_are_stored_and_replayed_others_released() {
     };
     let transient = c
         .call(&op(), &key("k"))
-        .run_storing_errors(is_permanent, act("timeout"))
+        .store_errors(is_permanent)
+        .run(act("timeout"))
         .await;
     assert!(matches!(transient, Err(Error::Action(_))));
     let permanent = c
         .call(&op(), &key("k"))
-        .run_storing_errors(is_permanent, act("declined: card"))
+        .store_errors(is_permanent)
+        .run(act("declined: card"))
         .await;
     assert!(matches!(permanent, Err(Error::ActionStored(ref e)) if e == "declined: card"));
     let replayed = c
         .call(&op(), &key("k"))
-        .run_storing_errors(is_permanent, act("declined: other"))
+        .store_errors(is_permanent)
+        .run(act("declined: other"))
         .await;
     assert!(
         matches!(replayed, Err(Error::ReplayedAction(ref e)) if e == "declined: card"),

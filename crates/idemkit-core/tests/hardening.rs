@@ -170,13 +170,15 @@ async fn a_stored_permanent_error_is_not_retryable() {
     let declined = |_| async { Err::<String, _>("card declined".to_string()) };
     let first = c
         .call(&op(), &key("k"))
-        .run_storing_errors(|_| true, declined)
+        .store_errors(|_| true)
+        .run(declined)
         .await
         .unwrap_err();
     assert!(!first.is_retryable(), "{first:?}");
     let again = c
         .call(&op(), &key("k"))
-        .run_storing_errors(|_| true, declined)
+        .store_errors(|_| true)
+        .run(declined)
         .await
         .unwrap_err();
     assert!(!again.is_retryable(), "{again:?}");
@@ -200,7 +202,8 @@ async fn an_oversized_permanent_error_is_not_stored() {
     for _ in 0..2 {
         let r = c
             .call(&op(), &key("k"))
-            .run_storing_errors(|_| true, fail())
+            .store_errors(|_| true)
+            .run(fail())
             .await;
         assert!(matches!(r, Err(Error::Action(_))), "{r:?}");
     }

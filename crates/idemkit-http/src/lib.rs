@@ -1,6 +1,8 @@
 //! The `Idempotency-Key` header for tower and axum, on idemkit's coordinator.
 //!
-//! [`IdempotencyLayer`] wraps an axum `Router` (or any `Service<Request<Body>>`). On the
+//! [`IdempotencyLayer`] wraps an axum `Router`, or any tower `Service<Request<B>>` whose
+//! request and response bodies are `http_body::Body + From<Bytes>` (axum's `Body`, hyper's
+//! `Full<Bytes>`...): the service it makes is [`Idempotency`]. On the
 //! configured methods (POST and PATCH by default) a request with an `Idempotency-Key` header
 //! runs the handler at most once per (scope, key): the response (status, an allowlist of
 //! headers, the body bytes as they are) is stored and replayed byte for byte to every retry,
@@ -19,13 +21,13 @@
 //!   headers. A key reused for a different request is answered `422`, also while the first
 //!   request still runs. `canonical_json(true)` fingerprints a JSON body by its value (key
 //!   order and insignificant whitespace ignored). The body is read up to
-//!   [`max_body_bytes`](Builder::max_body_bytes) (1 MiB by default); over it: `413`, nothing
+//!   [`max_body_bytes`](IdempotencyLayerBuilder::max_body_bytes) (1 MiB by default); over it: `413`, nothing
 //!   stored, the handler not called.
 //! - **What is final**: a user rule, by default 2xx and 4xx except 408, 409, 425 and 429 are
 //!   final (stored and replayed); anything else (5xx) releases the key, so the client's retry
 //!   runs the handler again.
 //! - **Failures**: the store down is `503` (fail closed; with
-//!   [`on_store_error(OnStoreError::FailOpen)`](Builder::on_store_error), or that policy on
+//!   [`on_store_error(OnStoreError::FailOpen)`](IdempotencyLayerBuilder::on_store_error), or that policy on
 //!   the coordinator, the handler runs unprotected instead). A handler that panics stores
 //!   nothing and releases its key (`500`). Every error is `application/problem+json` with a
 //!   stable `type` (see [`Problem`]).
@@ -33,11 +35,12 @@
 //!   end in a task of its own, even if the client disconnects (it timed out, it was killed):
 //!   the response is stored, and the client's retry waits for it or replays it, as Stripe
 //!   does. The handler is never cancelled half-way through an effect and run again.
-//!   [`cancel_with_client(true)`](Builder::cancel_with_client) drops the handler with the
+//!   [`cancel_with_client(true)`](IdempotencyLayerBuilder::cancel_with_client) drops the handler with the
 //!   connection instead (its key then stays reserved until the lease ends, or is released
 //!   at once under `OnCancel::Release`).
 //!
-//! The handler can read the key and the fingerprint with the [`IdempotencyInfo`] extractor.
+//! The handler can read the key and the fingerprint from the [`IdempotencyInfo`] request
+//! extension, an axum extractor with the `axum` feature (on by default).
 //!
 //! # Example
 //!
@@ -126,8 +129,8 @@ pub fn final_by_default(status: StatusCode) -> bool {
 }
 
 /// Configures an [`IdempotencyLayer`]. A scope rule is required:
-/// [`scope_by`](Builder::scope_by) or [`global_scope`](Builder::global_scope).
-pub struct Builder<S> {
+/// [`scope_by`](IdempotencyLayerBuilder::scope_by) or [`global_scope`](IdempotencyLayerBuilder::global_scope).
+pub struct IdempotencyLayerBuilder<S> {
     coordinator: Coordinator<S>,
     operation: Operation,
     scope: Option<ScopeRule>,
@@ -144,9 +147,9 @@ pub struct Builder<S> {
     cancel_with_client: bool,
 }
 
-impl<S> fmt::Debug for Builder<S> {
+impl<S> fmt::Debug for IdempotencyLayerBuilder<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Builder")
+        f.debug_struct("IdempotencyLayerBuilder")
             .field("operation", &self.operation)
             .field("methods", &self.methods)
             .field("required", &self.required)
@@ -176,7 +179,7 @@ impl fmt::Display for BuildError {
 
 impl std::error::Error for BuildError {}
 
-impl<S: Store> Builder<S> {
+impl<S: Store> IdempotencyLayerBuilder<S> {
     /// Scopes each request's key by `f` (e.g. the authenticated user or tenant from an
     /// extension). A request for which `f` returns `None` is refused with `403`, never
     /// served under a shared scope.
@@ -330,8 +333,11 @@ impl<S> fmt::Debug for IdempotencyLayer<S> {
 
 impl<S: Store> IdempotencyLayer<S> {
     /// A builder for `operation` (the name the layer's records are stored under).
-    pub fn builder(coordinator: Coordinator<S>, operation: Operation) -> Builder<S> {
-        Builder {
+    pub fn builder(
+        coordinator: Coordinator<S>,
+        operation: Operation,
+    ) -> IdempotencyLayerBuilder<S> {
+        IdempotencyLayerBuilder {
             coordinator,
             operation,
             scope: None,
@@ -359,42 +365,60 @@ impl<S: Store> IdempotencyLayer<S> {
 }
 
 impl<S, Svc> Layer<Svc> for IdempotencyLayer<S> {
-    type Service = Idempotent<S, Svc>;
+    type Service = Idempotency<Svc, S>;
 
     fn layer(&self, inner: Svc) -> Self::Service {
-        Idempotent {
+        Idempotency {
             inner,
             config: self.config.clone(),
         }
     }
 }
 
-/// The service [`IdempotencyLayer`] makes.
-pub struct Idempotent<S, Svc> {
+/// The service [`IdempotencyLayer`] makes: `inner`, with the `Idempotency-Key` header
+/// honoured.
+pub struct Idempotency<Svc, S> {
     inner: Svc,
     config: Arc<Config<S>>,
 }
 
-impl<S, Svc: Clone> Clone for Idempotent<S, Svc> {
+impl<Svc, S> Idempotency<Svc, S> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &Svc {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut Svc {
+        &mut self.inner
+    }
+
+    /// The inner service, unwrapped.
+    pub fn into_inner(self) -> Svc {
+        self.inner
+    }
+}
+
+impl<Svc: Clone, S> Clone for Idempotency<Svc, S> {
     fn clone(&self) -> Self {
-        Idempotent {
+        Idempotency {
             inner: self.inner.clone(),
             config: self.config.clone(),
         }
     }
 }
 
-impl<S, Svc: fmt::Debug> fmt::Debug for Idempotent<S, Svc> {
+impl<Svc: fmt::Debug, S> fmt::Debug for Idempotency<Svc, S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Idempotent")
+        f.debug_struct("Idempotency")
             .field("inner", &self.inner)
             .field("operation", &self.config.operation)
             .finish_non_exhaustive()
     }
 }
 
-/// What the handler can read about its request's idempotency (an axum extractor, and a
-/// request extension for any tower service).
+/// What the handler can read about its request's idempotency: a request extension for any
+/// tower service, and an axum extractor (feature `axum`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct IdempotencyInfo {
@@ -412,6 +436,7 @@ pub struct IdempotencyInfo {
     pub fencing: Option<FencingToken>,
 }
 
+#[cfg(feature = "axum")]
 impl<St: Send + Sync> axum::extract::FromRequestParts<St> for IdempotencyInfo {
     type Rejection = (StatusCode, &'static str);
 
@@ -433,3 +458,4 @@ mod stored;
 
 pub use key::parse_key;
 pub use problem::Problem;
+pub use service::ResponseFuture;

@@ -1,6 +1,6 @@
 //! The problem details the layer answers with (RFC 9457).
 
-use axum::body::Body;
+use bytes::Bytes;
 use http::header::HeaderValue;
 use http::{Response, StatusCode};
 
@@ -73,14 +73,14 @@ impl Problem {
     }
 
     /// The response: `application/problem+json` with `type`, `title`, `status`, `detail`.
-    pub fn response(self, detail: &str) -> Response<Body> {
+    pub fn response<B: From<Bytes>>(self, detail: &str) -> Response<B> {
         let body = serde_json::json!({
             "type": format!("urn:idemkit:problem:{}", self.name()),
             "title": self.status().canonical_reason().unwrap_or("error"),
             "status": self.status().as_u16(),
             "detail": detail,
         });
-        let mut resp = Response::new(Body::from(body.to_string()));
+        let mut resp = Response::new(B::from(Bytes::from(body.to_string())));
         *resp.status_mut() = self.status();
         resp.headers_mut().insert(
             http::header::CONTENT_TYPE,

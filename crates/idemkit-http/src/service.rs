@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
-use axum::body::Body;
 use bytes::Bytes;
 use http::header::HeaderValue;
 use http::{Request, Response};
@@ -17,46 +16,82 @@ use tower_service::Service;
 
 use crate::stored::{NotFinal, ResponseCodec, Stored};
 use crate::{
-    Config, IDEMPOTENCY_KEY, IdempotencyInfo, Idempotent, Problem, REPLAYED, ScopeRule, parse_key,
+    Config, IDEMPOTENCY_KEY, Idempotency, IdempotencyInfo, Problem, REPLAYED, ScopeRule, parse_key,
 };
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+/// A body's error, boxed.
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-impl<S, Svc> Service<Request<Body>> for Idempotent<S, Svc>
+/// The future [`Idempotency`] returns (boxed: it holds the coordinator's call around the
+/// inner service's future).
+#[must_use = "futures do nothing unless polled"]
+pub struct ResponseFuture<B> {
+    inner: Pin<Box<dyn Future<Output = Response<B>> + Send>>,
+}
+
+impl<B> std::fmt::Debug for ResponseFuture<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+impl<B> Future for ResponseFuture<B> {
+    type Output = Result<Response<B>, Infallible>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.inner.as_mut().poll(cx).map(Ok)
+    }
+}
+
+impl<Svc, S, ReqB, ResB> Service<Request<ReqB>> for Idempotency<Svc, S>
 where
     S: Store,
-    Svc: Service<Request<Body>, Response = Response<Body>, Error = Infallible>
+    Svc: Service<Request<ReqB>, Response = Response<ResB>, Error = Infallible>
         + Clone
         + Send
         + 'static,
     Svc::Future: Send,
+    ReqB: http_body::Body + From<Bytes> + Send + 'static,
+    ReqB::Data: Send,
+    ReqB::Error: Into<BoxError>,
+    ResB: http_body::Body + From<Bytes> + Send + 'static,
+    ResB::Data: Send,
+    ResB::Error: std::fmt::Display,
 {
-    type Response = Response<Body>;
+    type Response = Response<ResB>;
     type Error = Infallible;
-    type Future = BoxFuture<Result<Response<Body>, Infallible>>;
+    type Future = ResponseFuture<ResB>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<Body>) -> Self::Future {
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         // The ready service serves this request; a clone waits for the next.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let config = self.config.clone();
-        Box::pin(async move { Ok(handle(config, inner, req).await) })
+        ResponseFuture {
+            inner: Box::pin(handle(config, inner, req)),
+        }
     }
 }
 
-async fn handle<S, Svc>(
+async fn handle<S, Svc, ReqB, ResB>(
     config: Arc<Config<S>>,
     mut inner: Svc,
-    req: Request<Body>,
-) -> Response<Body>
+    req: Request<ReqB>,
+) -> Response<ResB>
 where
     S: Store,
-    Svc: Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Send + 'static,
+    Svc: Service<Request<ReqB>, Response = Response<ResB>, Error = Infallible> + Send + 'static,
     Svc::Future: Send,
+    ReqB: http_body::Body + From<Bytes> + Send + 'static,
+    ReqB::Data: Send,
+    ReqB::Error: Into<BoxError>,
+    ResB: http_body::Body + From<Bytes> + Send + 'static,
+    ResB::Data: Send,
+    ResB::Error: std::fmt::Display,
 {
     if !config.methods.contains(req.method()) {
         return call_inner(&mut inner, req).await;
@@ -137,7 +172,7 @@ where
         starts.store(true, Ordering::SeqCst);
         info.fencing = attempt.fencing_token();
         parts.extensions.insert(info);
-        let resp = call_inner(&mut inner, Request::from_parts(parts, Body::from(bytes))).await;
+        let resp = call_inner(&mut inner, Request::from_parts(parts, ReqB::from(bytes))).await;
         let (rparts, rbody) = resp.into_parts();
         match rbody.collect().await {
             Ok(c) if is_final(rparts.status) => Ok(Stored {
@@ -147,7 +182,7 @@ where
             }),
             Ok(c) => Err(NotFinal(Response::from_parts(
                 rparts,
-                Body::from(c.to_bytes()),
+                ResB::from(c.to_bytes()),
             ))),
             Err(e) => Err(NotFinal(
                 Problem::Internal.response(&format!("the handler's body failed: {e}")),
@@ -182,7 +217,7 @@ where
                 headers,
                 body,
             } = receipt.value;
-            let mut resp = Response::new(Body::from(body));
+            let mut resp = Response::new(ResB::from(body));
             *resp.status_mut() = status;
             *resp.headers_mut() = headers;
             if replayed {
@@ -230,9 +265,9 @@ impl Drop for AbortUnstarted {
     }
 }
 
-async fn call_inner<Svc>(inner: &mut Svc, req: Request<Body>) -> Response<Body>
+async fn call_inner<Svc, ReqB, ResB>(inner: &mut Svc, req: Request<ReqB>) -> Response<ResB>
 where
-    Svc: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
+    Svc: Service<Request<ReqB>, Response = Response<ResB>, Error = Infallible>,
 {
     match std::future::poll_fn(|cx| inner.poll_ready(cx)).await {
         Ok(()) => {}

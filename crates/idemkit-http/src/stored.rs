@@ -2,7 +2,6 @@
 
 use std::sync::Arc;
 
-use axum::body::Body;
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
 use http::{HeaderMap, Response, StatusCode};
@@ -17,7 +16,7 @@ pub(crate) struct Stored {
 }
 
 /// A response that is not final: returned to the client, the key released.
-pub(crate) struct NotFinal(pub(crate) Response<Body>);
+pub(crate) struct NotFinal<B>(pub(crate) Response<B>);
 
 /// Stored responses' own format (the body's bytes as they are, not JSON): `IDH1`, status
 /// (2 bytes), header count (2), each header's name length (2), name, value length (4),

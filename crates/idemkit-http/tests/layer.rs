@@ -85,7 +85,7 @@ fn router<S: Store>(layer: IdempotencyLayer<S>, app: App) -> Router {
 }
 
 /// A builder for the tests' operation.
-fn builder<S: Store>(store: S) -> idemkit_http::Builder<S> {
+fn builder<S: Store>(store: S) -> idemkit_http::IdempotencyLayerBuilder<S> {
     IdempotencyLayer::builder(
         Coordinator::new(store),
         Operation::new("http.test").unwrap(),
@@ -93,7 +93,7 @@ fn builder<S: Store>(store: S) -> idemkit_http::Builder<S> {
 }
 
 /// A builder with one global scope.
-fn global<S: Store>(store: S) -> idemkit_http::Builder<S> {
+fn global<S: Store>(store: S) -> idemkit_http::IdempotencyLayerBuilder<S> {
     builder(store).global_scope("global").unwrap()
 }
 

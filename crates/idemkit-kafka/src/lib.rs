@@ -10,8 +10,8 @@
 //!   (`enable.auto.offset.store=false`, librdkafka's auto-commit of stored offsets; the runner
 //!   sets both). A crash between the effect and the commit redelivers the message; the
 //!   idemkit key replays the stored result instead of repeating the effect.
-//! - **Settlement from one table** ([`idemkit_core::consume`]): a failing handler is retried
-//!   in place, with the [`RetryPolicy`](idemkit_core::consume::RetryPolicy)'s backoff, up to its
+//! - **Settlement from one table** ([`idemkit_runner`]): a failing handler is retried
+//!   in place, with the [`RetryPolicy`]'s backoff, up to its
 //!   `max_deliveries`; then the message goes to the dead-letter topic, and the partition moves
 //!   on. A message whose key function fails goes there at once. A concurrent duplicate in
 //!   reject mode, and a store outage under fail-closed, are retried after the hint or the
@@ -52,7 +52,7 @@
 //! # Example
 //!
 //! ```no_run
-//! use idemkit_core::consume::Processor;
+//! use idemkit_runner::Processor;
 //! use idemkit_core::{Coordinator, Key, MemoryStore, Operation};
 //! use idemkit_kafka::KafkaRunner;
 //! use rdkafka::ClientConfig;
@@ -91,8 +91,9 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use idemkit_core::consume::{Handle, Processed, Processor, Settlement};
 use idemkit_core::{Key, KeyError, Store};
+pub use idemkit_runner::{Handle, Processed, Processor, RetryPolicy, Settlement};
+use idemkit_runner::{Settler, Transport};
 use rdkafka::client::ClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, StreamConsumer};
@@ -139,25 +140,16 @@ pub enum RebalanceEvent {
 
 type RebalanceHook = Arc<dyn Fn(&RebalanceEvent) + Send + Sync>;
 
-/// What the [`on_settled`](KafkaRunner::on_settled) hook is shown: one settled message.
-#[derive(Debug)]
-#[non_exhaustive]
-pub struct Settled<'a, T> {
-    /// The message.
-    pub message: &'a OwnedMessage,
-    /// Its settlement and the call's receipt.
-    pub processed: &'a Processed<T>,
-}
-
-type Hook<T> = Arc<dyn Fn(&Settled<'_, T>) + Send + Sync>;
+/// What the [`on_settled`](KafkaRunner::on_settled) hook is shown: one settled message
+/// (`delivered` is always 1: Kafka keeps no delivery count).
+pub type Settled<'a, T> = idemkit_runner::Settled<'a, OwnedMessage, T>;
 
 /// The consumer runner. See the [crate docs](crate).
 pub struct KafkaRunner<S, K, H: Handle<OwnedMessage>> {
     config: ClientConfig,
     topics: Vec<String>,
-    processor: Arc<Processor<S, K, H>>,
+    settler: Settler<S, K, H, OwnedMessage>,
     dead_letter: Option<String>,
-    on_settled: Option<Hook<H::Output>>,
     on_rebalance: Option<RebalanceHook>,
     queue_depth: usize,
     batch: usize,
@@ -167,7 +159,7 @@ impl<S: fmt::Debug, K, H: Handle<OwnedMessage>> fmt::Debug for KafkaRunner<S, K,
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KafkaRunner")
             .field("topics", &self.topics)
-            .field("processor", &self.processor)
+            .field("settler", &self.settler)
             .field("dead_letter", &self.dead_letter)
             .field("queue_depth", &self.queue_depth)
             .field("batch", &self.batch)
@@ -193,9 +185,8 @@ where
         KafkaRunner {
             config,
             topics: topics.into_iter().map(Into::into).collect(),
-            processor: Arc::new(processor),
+            settler: Settler::new(processor),
             dead_letter: None,
-            on_settled: None,
             on_rebalance: None,
             queue_depth: 256,
             batch: 64,
@@ -216,7 +207,7 @@ where
         mut self,
         hook: impl Fn(&Settled<'_, H::Output>) + Send + Sync + 'static,
     ) -> Self {
-        self.on_settled = Some(Arc::new(hook));
+        self.settler = self.settler.on_settled(hook);
         self
     }
 
@@ -277,19 +268,18 @@ where
                     .set("bootstrap.servers", bootstrap)
                     .set("linger.ms", "0")
                     .create()?;
-                Some(Arc::new(DeadLetter {
+                Some(DeadLetter {
                     producer,
                     topic: topic.clone(),
-                }))
+                })
             }
             None => None,
         };
         let drained = Arc::new(tokio::sync::Notify::new());
         let shared = Arc::new(Shared {
             consumer: consumer.clone(),
-            processor: self.processor.clone(),
+            settler: self.settler,
             dead_letter,
-            on_settled: self.on_settled.clone(),
             generations: revoked.clone(),
             batch: self.batch,
             drained: drained.clone(),
@@ -497,9 +487,8 @@ struct DeadLetter {
 
 struct Shared<S, K, H: Handle<OwnedMessage>> {
     consumer: Arc<StreamConsumer<RunnerContext>>,
-    processor: Arc<Processor<S, K, H>>,
-    dead_letter: Option<Arc<DeadLetter>>,
-    on_settled: Option<Hook<H::Output>>,
+    settler: Settler<S, K, H, OwnedMessage>,
+    dead_letter: Option<DeadLetter>,
     generations: Generations,
     batch: usize,
     /// Notified whenever a partition task takes messages off its queue: room for what waits
@@ -629,7 +618,7 @@ async fn partition_task<S, K, H>(
         // The batch's keys reserved in one round trip; each message is then handled and
         // settled, and its offset stored, before the next starts.
         let mut claims = if pending.len() > 1 {
-            shared.processor.prepare(&pending).await
+            shared.settler.processor().prepare(&pending).await
         } else {
             vec![None]
         }
@@ -639,7 +628,11 @@ async fn partition_task<S, K, H>(
                 return; // revoked: the unused claims are released as they drop
             }
             let claim = claims.next().flatten();
-            let processed = shared.processor.process_prepared(&message, claim, 1).await;
+            let processed = shared
+                .settler
+                .processor()
+                .process_prepared(&message, claim, 1)
+                .await;
             if !settle(&shared, &message, processed, &current).await {
                 return; // revoked while settling: the next owner has it
             }
@@ -652,89 +645,66 @@ async fn partition_task<S, K, H>(
     }
 }
 
-/// Settles one message: retried in place until final (the partition waits: its order is
-/// kept), dead-lettered if so, then shown to the hook. A hook that panics makes it a
-/// failure of the message: processed again (a replay) until the retry budget is spent, then
-/// dead-lettered. False if the partition was revoked meanwhile.
+/// Settles one message through the shared settle loop (retried in place until final, the
+/// partition waiting so that its order is kept; dead-lettered; shown to the hook). False if
+/// the partition was revoked meanwhile.
 async fn settle<S, K, H>(
     shared: &Shared<S, K, H>,
     message: &OwnedMessage,
-    mut processed: Processed<H::Output>,
-    current: &impl Fn() -> bool,
+    processed: Processed<H::Output>,
+    current: &(impl Fn() -> bool + Sync),
 ) -> bool
 where
     S: Store + Send + Sync + 'static,
     K: Fn(&OwnedMessage) -> Result<Key, KeyError> + Send + Sync + 'static,
     H: Handle<OwnedMessage> + 'static,
 {
-    let processor = &shared.processor;
-    let mut failures = 0u32;
-    loop {
-        let Some(settled) = processor
-            .settle_in_place(message, processed, &mut failures, current)
-            .await
-        else {
-            return false;
-        };
-        if let Settlement::DeadLetter { reason } = &settled.settlement
-            && !dead_letter(shared, message, reason, current).await
-        {
-            return false;
-        }
-        let Some(hook) = &shared.on_settled else {
-            return true;
-        };
-        let shown = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            hook(&Settled {
-                message,
-                processed: &settled,
-            });
-        }));
-        let Err(panic) = shown else {
-            return true;
-        };
-        let what = panic
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_owned())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_default();
-        tracing::warn!(
-            topic = message.topic(),
-            partition = message.partition(),
-            offset = message.offset(),
-            panic = what,
-            "kafka runner: the on_settled hook panicked"
-        );
-        if matches!(settled.settlement, Settlement::DeadLetter { .. }) {
-            return true; // parked already
-        }
-        failures += 1;
-        let retry = processor.retry_policy();
-        if failures >= retry.deliveries() {
-            // Parked like a handler that keeps failing; the hook is shown the dead letter.
-            processed = settled;
-            processed.settlement = Settlement::DeadLetter {
-                reason: format!("the on_settled hook panicked on delivery {failures}: {what}"),
-            };
-            continue;
-        }
-        tokio::time::sleep(retry.delay(failures)).await;
-        if !current() {
-            return false;
-        }
-        processed = processor.process(message, failures + 1).await;
+    let transport = Parking {
+        dead_letter: shared.dead_letter.as_ref(),
+        current,
+    };
+    // A dead letter is retried until produced or the partition is revoked: not parked
+    // means revoked.
+    matches!(
+        shared
+            .settler
+            .settle(&transport, message, 1, processed, current)
+            .await,
+        Some(done) if done.parked
+    )
+}
+
+/// Kafka's part of the settle loop: the dead-letter topic, for as long as the partition is
+/// this member's.
+struct Parking<'a, C> {
+    dead_letter: Option<&'a DeadLetter>,
+    current: &'a C,
+}
+
+impl<C: Fn() -> bool + Sync> Transport<OwnedMessage> for Parking<'_, C> {
+    async fn dead_letter(&self, message: &OwnedMessage, reason: &str) -> bool {
+        dead_letter(self.dead_letter, message, reason, self.current).await
+    }
+
+    fn describe(&self, message: &OwnedMessage) -> String {
+        format!(
+            "{}/{}@{}",
+            message.topic(),
+            message.partition(),
+            message.offset()
+        )
     }
 }
 
 /// Produces the dead-letter record, retrying until the broker takes it (a dead letter that
 /// was not written must not be acknowledged). False if the partition was revoked meanwhile.
-async fn dead_letter<S, K, H: Handle<OwnedMessage>>(
-    shared: &Shared<S, K, H>,
+async fn dead_letter(
+    dead_letter: Option<&DeadLetter>,
     message: &OwnedMessage,
     reason: &str,
     current: &impl Fn() -> bool,
 ) -> bool {
-    let Some(dl) = &shared.dead_letter else {
+    let Some(dl) = dead_letter else {
         tracing::error!(
             topic = message.topic(),
             partition = message.partition(),

@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use idemkit_core::consume::{Processor, RetryPolicy};
 use idemkit_core::{Coordinator, Key, Operation};
 use idemkit_kafka::KafkaRunner;
 use idemkit_redis::RedisStore;
+use idemkit_runner::{Processor, RetryPolicy};
 use rdkafka::Message as _;
 
 use rdkafka::message::{Headers as _, OwnedMessage};
@@ -45,7 +45,7 @@ fn processor(
 ) -> Processor<
     RedisStore,
     impl Fn(&OwnedMessage) -> Result<Key, idemkit_core::KeyError> + Send + Sync + 'static,
-    impl idemkit_core::consume::Handle<OwnedMessage, Output = String> + 'static,
+    impl idemkit_runner::Handle<OwnedMessage, Output = String> + 'static,
 > {
     Processor::new(
         Coordinator::new(store),

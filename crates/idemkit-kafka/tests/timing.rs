@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idemkit_core::consume::{Processor, RetryPolicy, Settlement};
 use idemkit_core::{Coordinator, InFlight, Key, MemoryStore, Operation, Policy, StorageKey, Store};
 use idemkit_kafka::{KafkaRunner, RebalanceEvent};
+use idemkit_runner::{Processor, RetryPolicy, Settlement};
 use rdkafka::Message as _;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::message::OwnedMessage;

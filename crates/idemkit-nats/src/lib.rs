@@ -4,7 +4,7 @@
 //!
 //! What the runner does:
 //!
-//! - **Explicit acks, from one table** ([`idemkit_core::consume`]): `Ack` → `ack`;
+//! - **Explicit acks, from one table** ([`idemkit_runner`]): `Ack` → `ack`;
 //!   `DeadLetter` → `term` (the broker stops redelivering), after publishing the message to
 //!   the [dead-letter subject](JetStreamRunner::dead_letter_subject) if one is set.
 //!   `Retry` is retried in process, as the Kafka runner does, with in-progress acks going
@@ -22,7 +22,7 @@
 //!   [`in_progress_acks(false)`](JetStreamRunner::in_progress_acks) turns them off: then a
 //!   handler slower than `ack_wait` is redelivered while it runs, and the key makes the
 //!   duplicate wait for (or, in reject mode, nak until) the first result.
-//! - **The retry budget** ([`RetryPolicy`](idemkit_core::consume::RetryPolicy)'s
+//! - **The retry budget** ([`RetryPolicy`]'s
 //!   `max_deliveries`) counts the handler's own failures, in process, for each delivery the
 //!   broker makes. A redelivery (a crashed worker, an expired `ack_wait`) starts again; set
 //!   the consumer's `max_deliver` well above `max_deliveries` only as a last resort
@@ -42,7 +42,7 @@
 //!
 //! ```no_run
 //! use async_nats::jetstream::{self, Message, consumer::pull};
-//! use idemkit_core::consume::Processor;
+//! use idemkit_runner::Processor;
 //! use idemkit_core::{Coordinator, Key, MemoryStore, Operation};
 //! use idemkit_nats::JetStreamRunner;
 //!
@@ -76,8 +76,9 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::{AckKind, Message};
 use futures_util::StreamExt as _;
-use idemkit_core::consume::{Handle, Processed, Processor, Settlement};
 use idemkit_core::{Key, KeyError, Store};
+pub use idemkit_runner::{Handle, Processed, Processor, RetryPolicy, Settlement};
+use idemkit_runner::{Settler, Transport};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
@@ -91,34 +92,23 @@ pub enum RunnerError {
 }
 
 /// What the [`on_settled`](JetStreamRunner::on_settled) hook is shown: one settled message,
-/// before its ack, nak or term is sent.
-#[derive(Debug)]
-#[non_exhaustive]
-pub struct Settled<'a, T> {
-    /// The message.
-    pub message: &'a Message,
-    /// The broker's delivery count of this delivery (1 for the first).
-    pub delivered: u32,
-    /// Its settlement and the call's receipt.
-    pub processed: &'a Processed<T>,
-}
-
-type Hook<T> = Arc<dyn Fn(&Settled<'_, T>) + Send + Sync>;
+/// before its ack, nak or term is sent (`delivered`: the broker's delivery count; retries
+/// in process do not change it).
+pub type Settled<'a, T> = idemkit_runner::Settled<'a, Message, T>;
 
 /// The JetStream runner. See the [crate docs](crate).
 pub struct JetStreamRunner<S, K, H: Handle<Message>> {
     consumer: PullConsumer,
-    processor: Arc<Processor<S, K, H>>,
+    settler: Settler<S, K, H, Message>,
     concurrency: usize,
     progress: bool,
     dead_letter: Option<String>,
-    on_settled: Option<Hook<H::Output>>,
 }
 
 impl<S: fmt::Debug, K, H: Handle<Message>> fmt::Debug for JetStreamRunner<S, K, H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("JetStreamRunner")
-            .field("processor", &self.processor)
+            .field("settler", &self.settler)
             .field("concurrency", &self.concurrency)
             .field("progress", &self.progress)
             .field("dead_letter", &self.dead_letter)
@@ -127,10 +117,9 @@ impl<S: fmt::Debug, K, H: Handle<Message>> fmt::Debug for JetStreamRunner<S, K, 
 }
 
 struct Shared<S, K, H: Handle<Message>> {
-    processor: Arc<Processor<S, K, H>>,
+    settler: Settler<S, K, H, Message>,
     progress: Option<Duration>,
     dead_letter: Option<String>,
-    on_settled: Option<Hook<H::Output>>,
     /// Set when the runner shuts down: retries in process stop.
     stopping: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -145,11 +134,10 @@ where
     pub fn new(consumer: PullConsumer, processor: Processor<S, K, H>) -> Self {
         JetStreamRunner {
             consumer,
-            processor: Arc::new(processor),
+            settler: Settler::new(processor),
             concurrency: 16,
             progress: true,
             dead_letter: None,
-            on_settled: None,
         }
     }
 
@@ -175,12 +163,14 @@ where
     }
 
     /// Called with every settled message, before its ack, nak or term: for logging,
-    /// metrics and tests.
+    /// metrics and tests. A hook that panics makes it a failure of the message, as in every
+    /// runner ([`Settler::on_settled`](idemkit_runner::Settler::on_settled)): processed
+    /// again (a replay) until the retry budget is spent, then dead-lettered.
     pub fn on_settled(
         mut self,
         hook: impl Fn(&Settled<'_, H::Output>) + Send + Sync + 'static,
     ) -> Self {
-        self.on_settled = Some(Arc::new(hook));
+        self.settler = self.settler.on_settled(hook);
         self
     }
 
@@ -193,14 +183,13 @@ where
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> Result<(), RunnerError> {
         let ack_wait = self.consumer.cached_info().config.ack_wait;
         let shared = Arc::new(Shared {
-            processor: self.processor.clone(),
+            settler: self.settler,
             // A third of ack_wait: two in-progress acks may be lost before the broker
             // gives up on the worker.
             progress: self
                 .progress
                 .then(|| (ack_wait / 3).max(Duration::from_millis(50))),
             dead_letter: self.dead_letter.take(),
-            on_settled: self.on_settled.clone(),
             stopping: Arc::default(),
         });
         // No more per pull than can start at once: a buffered message's ack_wait runs
@@ -262,16 +251,18 @@ where
         .map(|i| u32::try_from(i.delivered.max(1)).unwrap_or(u32::MAX))
         .unwrap_or(1);
     let go_on = || !shared.stopping.load(std::sync::atomic::Ordering::SeqCst);
+    let transport = Parking {
+        dead_letter: shared.dead_letter.as_deref(),
+    };
     // The first try and every retry in process, with in-progress acks beside them.
     let work = async {
-        let first = shared.processor.process(&message, 1).await;
-        let mut failures = 0;
+        let first = shared.settler.processor().process(&message, 1).await;
         shared
-            .processor
-            .settle_in_place(&message, first, &mut failures, go_on)
+            .settler
+            .settle(&transport, &message, delivered, first, go_on)
             .await
     };
-    let processed = match shared.progress {
+    let settled = match shared.progress {
         None => work.await,
         Some(every) => {
             tokio::pin!(work);
@@ -288,35 +279,19 @@ where
             }
         }
     };
-    let Some(processed) = processed else {
+    let Some(settled) = settled else {
         // Shutting down mid-retry: the broker delivers it again (to this or another worker).
         if let Err(e) = message.ack_with(AckKind::Nak(None)).await {
             tracing::debug!(error = %e, "jetstream runner: nak on shutdown");
         }
         return;
     };
-    let mut parked = true;
-    if let Settlement::DeadLetter { reason } = &processed.settlement {
-        parked = dead_letter(shared, &message, reason).await;
-    }
-    if let Some(hook) = &shared.on_settled {
-        let shown = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            hook(&Settled {
-                message: &message,
-                delivered,
-                processed: &processed,
-            });
-        }));
-        if shown.is_err() {
-            tracing::error!(subject = %message.subject, "jetstream runner: the on_settled hook panicked");
-        }
-    }
-    let kind = match &processed.settlement {
+    let kind = match &settled.processed.settlement {
         Settlement::Ack => AckKind::Ack,
         // Not reached (retries are in process), but a delay beats a tight loop.
         Settlement::Retry { after } => AckKind::Nak(Some(*after)),
         // The dead letter could not be stored: deliver again rather than lose it.
-        _ if !parked => AckKind::Nak(Some(Duration::from_secs(1))),
+        _ if !settled.parked => AckKind::Nak(Some(Duration::from_secs(1))),
         // Settlement is non-exhaustive: anything final but not an ack stops redelivery.
         _ => AckKind::Term,
     };
@@ -326,16 +301,30 @@ where
     }
 }
 
-async fn dead_letter<S, K, H: Handle<Message>>(
-    shared: &Shared<S, K, H>,
-    message: &Message,
-    reason: &str,
-) -> bool {
+/// JetStream's part of the settle loop: the dead-letter subject.
+struct Parking<'a> {
+    dead_letter: Option<&'a str>,
+}
+
+impl Transport<Message> for Parking<'_> {
+    async fn dead_letter(&self, message: &Message, reason: &str) -> bool {
+        dead_letter(self.dead_letter, message, reason).await
+    }
+
+    fn describe(&self, message: &Message) -> String {
+        match message.info() {
+            Ok(i) => format!("{}#{}", i.stream, i.stream_sequence),
+            Err(_) => message.subject.to_string(),
+        }
+    }
+}
+
+async fn dead_letter(subject: Option<&str>, message: &Message, reason: &str) -> bool {
     let (stream, sequence) = message
         .info()
         .map(|i| (i.stream.to_owned(), i.stream_sequence.to_string()))
         .unwrap_or_default();
-    let Some(subject) = &shared.dead_letter else {
+    let Some(subject) = subject else {
         tracing::error!(stream, sequence, subject = %message.subject, reason, "jetstream runner: dead-lettered (term)");
         return true;
     };
@@ -349,7 +338,7 @@ async fn dead_letter<S, K, H: Handle<Message>>(
     for _ in 0..5 {
         let sent = message
             .context
-            .publish_with_headers(subject.clone(), headers.clone(), message.payload.clone())
+            .publish_with_headers(subject.to_owned(), headers.clone(), message.payload.clone())
             .await;
         match sent {
             Ok(ack) => match ack.await {

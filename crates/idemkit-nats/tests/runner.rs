@@ -10,10 +10,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, Message, consumer::PullConsumer, consumer::pull, stream};
-use idemkit_core::consume::{Processor, Settlement};
 use idemkit_core::{Coordinator, InFlight, Key, Operation, Policy};
 use idemkit_nats::JetStreamRunner;
 use idemkit_redis::RedisStore;
+use idemkit_runner::{Processor, Settlement};
 use support::*;
 
 fn order_of(m: &Message) -> String {
@@ -101,7 +101,7 @@ async fn worker(
 ) -> JetStreamRunner<
     RedisStore,
     impl Fn(&Message) -> Result<Key, idemkit_core::KeyError> + Send + Sync + 'static,
-    impl idemkit_core::consume::Handle<Message, Output = String> + 'static,
+    impl idemkit_runner::Handle<Message, Output = String> + 'static,
 > {
     let store = RedisStore::builder()
         .prefix(&s.prefix)

@@ -8,9 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, Message, consumer::PullConsumer, consumer::pull, stream};
-use idemkit_core::consume::{Processor, RetryPolicy, Settlement};
 use idemkit_core::{Coordinator, Key, MemoryStore, Operation, Policy, StorageKey, Store};
 use idemkit_nats::JetStreamRunner;
+use idemkit_runner::{Processor, RetryPolicy, Settlement};
 use idemkit_test::{Fault, Probe};
 use support::*;
 
@@ -66,7 +66,7 @@ fn logged<S, K, H>(runner: JetStreamRunner<S, K, H>, log: &Log) -> JetStreamRunn
 where
     S: idemkit_core::Store,
     K: Fn(&Message) -> Result<Key, idemkit_core::KeyError> + Send + Sync + 'static,
-    H: idemkit_core::consume::Handle<Message> + 'static,
+    H: idemkit_runner::Handle<Message> + 'static,
 {
     let log = log.clone();
     runner.on_settled(move |s| {

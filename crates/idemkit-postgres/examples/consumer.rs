@@ -30,8 +30,9 @@ async fn main() -> Result<ExitCode, Box<dyn std::error::Error>> {
         .nth(1)
         .unwrap_or_else(|| "postgres://postgres@127.0.0.1/test".into());
     let store = PgStore::builder()
-        .schema("idemkit_examples")?
-        .connect(&url, 4)
+        .schema("idemkit_examples")
+        .max_connections(4)
+        .connect(&url)
         .await?;
     store.migrate().await?;
     sqlx::query("CREATE TABLE IF NOT EXISTS idemkit_examples.ledger (id bigserial PRIMARY KEY, order_id text NOT NULL)")

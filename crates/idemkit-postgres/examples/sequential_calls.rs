@@ -31,8 +31,8 @@ async fn main() -> ExitCode {
     };
     let store = match PgStore::builder()
         .schema("idemkit_examples")
-        .expect("a valid name")
-        .connect(url, 2)
+        .max_connections(2)
+        .connect(url)
         .await
     {
         Ok(store) => store,

@@ -9,8 +9,14 @@ use std::fmt;
 /// ```
 /// use idemkit_postgres::PgStore;
 ///
-/// let err = PgStore::builder().table("Records; DROP").unwrap_err();
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+/// # let pool = sqlx::PgPool::connect_lazy("postgres://localhost/test")?;
+/// let err = PgStore::builder().table("Records; DROP").build(pool).unwrap_err();
 /// assert!(err.to_string().contains("Records; DROP"));
+/// assert_eq!(err.what(), "table");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # })?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
@@ -19,6 +25,18 @@ use std::fmt;
 pub struct NameError {
     what: &'static str,
     name: String,
+}
+
+impl NameError {
+    /// Which name was refused: `"schema"` or `"table"`.
+    pub fn what(&self) -> &'static str {
+        self.what
+    }
+
+    /// The name as it was given.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
 }
 
 /// The longest schema or table name: short enough that `<table>_fencing` and the

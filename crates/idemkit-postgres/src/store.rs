@@ -57,7 +57,10 @@ pub(crate) struct Inner {
     recheck: Duration,
 }
 
-/// Builds a [`PgStore`]: the schema and table, and how often a waiter re-checks on its own.
+/// Builds a [`PgStore`]: the schema and table, how often a waiter re-checks on its own, and
+/// the pool [`connect`](PgStoreBuilder::connect) opens. Every option takes its value as it
+/// is; the names are checked at the end, by [`build`](PgStoreBuilder::build) or
+/// [`connect`](PgStoreBuilder::connect), as sqlx's `PgPoolOptions` does.
 ///
 /// # Example
 ///
@@ -67,62 +70,64 @@ pub(crate) struct Inner {
 /// use idemkit_postgres::PgStore;
 ///
 /// let store = PgStore::builder()
-///     .schema("billing")?
-///     .table("idempotency")?
+///     .schema("billing")
+///     .table("idempotency")
 ///     .recheck(Duration::from_secs(1))
-///     .build(pool);
+///     .build(pool)?;
 /// store.migrate().await?;
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone)]
 pub struct PgStoreBuilder {
-    table: Table,
+    schema: String,
+    table: String,
     recheck: Duration,
+    max_connections: u32,
 }
 
 impl Default for PgStoreBuilder {
     fn default() -> Self {
         PgStoreBuilder {
-            table: Table {
-                schema: "public".into(),
-                name: "idemkit_records".into(),
-            },
+            schema: "public".into(),
+            table: "idemkit_records".into(),
             recheck: Duration::from_secs(2),
+            max_connections: 10,
         }
     }
 }
 
 impl PgStoreBuilder {
-    /// The schema (default `public`); [`migrate`](PgStore::migrate) creates it if needed.
-    ///
-    /// # Errors
-    ///
-    /// [`NameError`] unless it is 1 to 30 of `a-z`, `0-9` and `_`, not starting with a digit.
+    /// The schema (default `public`); [`migrate`](PgStore::migrate) creates it if needed. It
+    /// must be 1 to 30 of `a-z`, `0-9` and `_`, not starting with a digit: checked by
+    /// [`build`](PgStoreBuilder::build) and [`connect`](PgStoreBuilder::connect).
     ///
     /// # Example
     ///
     /// ```
-    /// assert!(idemkit_postgres::PgStore::builder().schema("Billing").is_err());
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+    /// # let pool = sqlx::PgPool::connect_lazy("postgres://localhost/test")?;
+    /// let err = idemkit_postgres::PgStore::builder().schema("Billing").build(pool).unwrap_err();
+    /// assert_eq!(err.what(), "schema");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn schema(mut self, schema: &str) -> Result<Self, NameError> {
-        self.table.schema = check("schema", schema)?;
-        Ok(self)
+    pub fn schema(mut self, schema: &str) -> Self {
+        schema.clone_into(&mut self.schema);
+        self
     }
 
-    /// The table (default `idemkit_records`).
-    ///
-    /// # Errors
-    ///
-    /// [`NameError`] unless it is 1 to 30 of `a-z`, `0-9` and `_`, not starting with a digit.
+    /// The table (default `idemkit_records`), named as [`schema`](PgStoreBuilder::schema) is.
     ///
     /// # Example
     ///
     /// ```
-    /// assert!(idemkit_postgres::PgStore::builder().table("keys").is_ok());
+    /// let b = idemkit_postgres::PgStore::builder().table("keys");
+    /// # drop(b);
     /// ```
-    pub fn table(mut self, table: &str) -> Result<Self, NameError> {
-        self.table.name = check("table", table)?;
-        Ok(self)
+    pub fn table(mut self, table: &str) -> Self {
+        table.clone_into(&mut self.table);
+        self
     }
 
     /// The longest a waiter sleeps without a notification before it reads the row again
@@ -141,60 +146,85 @@ impl PgStoreBuilder {
         self
     }
 
+    /// The size of the pool [`connect`](PgStoreBuilder::connect) opens (default 10, at
+    /// least 2: a waiter's `LISTEN` connection beside the calls'). Ignored by
+    /// [`build`](PgStoreBuilder::build), which takes your pool.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// let b = idemkit_postgres::PgStore::builder().max_connections(16);
+    /// # drop(b);
+    /// ```
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n.max(2);
+        self
+    }
+
+    /// The schema and table, checked.
+    fn names(&self) -> Result<Table, NameError> {
+        Ok(Table {
+            schema: check("schema", &self.schema)?,
+            name: check("table", &self.table)?,
+        })
+    }
+
     /// The store on `pool`. A pool of your own works; for one round trip per call, build it
     /// with `test_before_acquire(false)` (sqlx's default pings every connection it hands out).
+    ///
+    /// # Errors
+    ///
+    /// [`NameError`] if the schema or the table is not a name this store accepts.
     ///
     /// # Example
     ///
     /// ```no_run
-    /// # async fn f() -> Result<(), sqlx::Error> {
+    /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
     /// let pool = sqlx::postgres::PgPoolOptions::new()
     ///     .test_before_acquire(false)
     ///     .connect("postgres://postgres@127.0.0.1/test").await?;
-    /// let store = idemkit_postgres::PgStore::builder().build(pool);
+    /// let store = idemkit_postgres::PgStore::builder().build(pool)?;
     /// # drop(store); Ok(()) }
     /// ```
-    pub fn build(self, pool: PgPool) -> PgStore {
-        PgStore {
-            inner: Arc::new(Inner {
-                sql: Statements::new(&self.table),
-                pool,
-                table: self.table,
-                waiters: Arc::default(),
-                listener: Listener::default(),
-                recheck: self.recheck,
-            }),
-        }
+    pub fn build(self, pool: PgPool) -> Result<PgStore, NameError> {
+        Ok(PgStore::assemble(pool, self.names()?, self.recheck))
     }
 
-    /// Connects a pool of `max_connections` to `url` (without sqlx's ping before each use)
-    /// and builds the store on it.
+    /// Checks the names, then connects a pool of [`max_connections`] to `url` (without
+    /// sqlx's ping before each use) and builds the store on it.
+    ///
+    /// [`max_connections`]: PgStoreBuilder::max_connections
     ///
     /// # Errors
     ///
-    /// [`StoreError`]: `Other` if the URL is invalid, `Unavailable` if the server cannot be
-    /// reached.
+    /// [`StoreError`]: `Other` if a name is refused (its source is the [`NameError`]: nothing
+    /// was connected) or the URL is invalid, `Unavailable` if the server cannot be reached.
     ///
     /// # Example
     ///
     /// ```no_run
     /// # async fn f() -> Result<(), idemkit_core::StoreError> {
     /// let store = idemkit_postgres::PgStore::builder()
-    ///     .connect("postgres://postgres@127.0.0.1/test", 16).await?;
+    ///     .schema("billing")
+    ///     .max_connections(16)
+    ///     .connect("postgres://postgres@127.0.0.1/test").await?;
     /// # drop(store); Ok(()) }
     /// ```
-    pub async fn connect(self, url: &str, max_connections: u32) -> Result<PgStore, StoreError> {
+    pub async fn connect(self, url: &str) -> Result<PgStore, StoreError> {
+        self.names()
+            .map_err(|e| StoreError::new(StoreErrorKind::Other, e))?;
         let options: PgConnectOptions = url
             .parse()
             .map_err(|e| StoreError::new(StoreErrorKind::Other, e))?;
         let pool = PgPoolOptions::new()
-            .max_connections(max_connections.max(2))
+            .max_connections(self.max_connections)
             .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(5))
             .connect_with(options)
             .await
             .map_err(StoreError::unavailable)?;
-        Ok(self.build(pool))
+        self.build(pool)
+            .map_err(|e| StoreError::new(StoreErrorKind::Other, e))
     }
 }
 
@@ -210,7 +240,27 @@ impl PgStore {
     /// # drop(store); Ok(()) }
     /// ```
     pub fn new(pool: PgPool) -> Self {
-        PgStoreBuilder::default().build(pool)
+        let defaults = PgStoreBuilder::default();
+        // The default names are valid names: nothing to check.
+        let table = Table {
+            schema: defaults.schema,
+            name: defaults.table,
+        };
+        PgStore::assemble(pool, table, defaults.recheck)
+    }
+
+    /// The store on `pool`, in `table` (checked).
+    fn assemble(pool: PgPool, table: Table, recheck: Duration) -> Self {
+        PgStore {
+            inner: Arc::new(Inner {
+                sql: Statements::new(&table),
+                pool,
+                table,
+                waiters: Arc::default(),
+                listener: Listener::default(),
+                recheck,
+            }),
+        }
     }
 
     /// A builder for another schema or table.
@@ -234,7 +284,7 @@ impl PgStore {
     ///
     /// See [`PgStore`].
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        PgStoreBuilder::default().connect(url, 10).await
+        PgStoreBuilder::default().connect(url).await
     }
 
     /// The pool the store uses.

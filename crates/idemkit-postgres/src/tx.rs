@@ -7,9 +7,10 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 
+use idemkit_core::options::{OnActionError, ReleaseErrors};
 use idemkit_core::{
-    Attempt, Call, Codec, CompleteRequest, Completer, Error, Ownership, Phase, Receipt, StorageKey,
-    StoreError,
+    Attempt, Call, Codec, CompleteRequest, Completer, Error, JsonCodec, Ownership, Phase, Receipt,
+    StorageKey, StoreError,
 };
 use sqlx::{Executor as _, PgConnection, Postgres, Transaction};
 
@@ -20,18 +21,20 @@ use crate::PgStore;
 /// connection it is given (`Box::pin(async move { ... })`).
 pub type TxFuture<'t, T> = Pin<Box<dyn Future<Output = T> + Send + 't>>;
 
-/// Turns a [`Call`] on a [`PgStore`] into a [`TxCall`].
+/// The transactional option of a [`Call`] on a [`PgStore`]: `in_transaction` makes it a
+/// [`TxCall`], whose action gets your transaction's connection. Set the call's other options
+/// ([`store_errors`](Call::store_errors) included) first.
 ///
 /// # Example
 ///
 /// See [`TxCall`].
-pub trait InTransaction<'a, C>: Sized {
+pub trait InTransaction<'a, C, P>: Sized {
     /// The call, to run inside `tx`.
-    fn in_transaction<'c, 'x>(self, tx: &'c mut Transaction<'x, Postgres>) -> TxCall<'a, 'c, C>;
+    fn in_transaction<'c, 'x>(self, tx: &'c mut Transaction<'x, Postgres>) -> TxCall<'a, 'c, C, P>;
 }
 
-impl<'a, C> InTransaction<'a, C> for Call<'a, PgStore, C> {
-    fn in_transaction<'c, 'x>(self, tx: &'c mut Transaction<'x, Postgres>) -> TxCall<'a, 'c, C> {
+impl<'a, C, P> InTransaction<'a, C, P> for Call<'a, PgStore, C, P> {
+    fn in_transaction<'c, 'x>(self, tx: &'c mut Transaction<'x, Postgres>) -> TxCall<'a, 'c, C, P> {
         TxCall {
             call: self,
             conn: tx,
@@ -99,10 +102,17 @@ impl<'a, C> InTransaction<'a, C> for Call<'a, PgStore, C> {
 /// # Ok(()) }
 /// ```
 #[must_use = "a call does nothing until `run` is awaited"]
-#[derive(Debug)]
-pub struct TxCall<'a, 'c, C> {
-    call: Call<'a, PgStore, C>,
+pub struct TxCall<'a, 'c, C = JsonCodec, P = ReleaseErrors> {
+    call: Call<'a, PgStore, C, P>,
     conn: &'c mut PgConnection,
+}
+
+impl<C: std::fmt::Debug, P> std::fmt::Debug for TxCall<'_, '_, C, P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TxCall")
+            .field("call", &self.call)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The completer that writes in the caller's transaction.
@@ -200,10 +210,11 @@ async fn check_isolation<E>(conn: &mut PgConnection, store: &PgStore) -> Result<
     }
 }
 
-impl<C> TxCall<'_, '_, C> {
+impl<C, P> TxCall<'_, '_, C, P> {
     /// Runs the action in the transaction at most once for this key (across every
     /// transaction that commits), and stores its value in the same transaction; or replays
-    /// the committed value.
+    /// the committed value. With [`store_errors`](Call::store_errors) set on the call, the
+    /// permanent errors are stored in the transaction too.
     ///
     /// # Errors
     ///
@@ -216,6 +227,7 @@ impl<C> TxCall<'_, '_, C> {
     pub async fn run<T, E, F>(self, action: F) -> Result<Receipt<T>, Error<E>>
     where
         C: Codec<T>,
+        P: OnActionError<C, E>,
         F: for<'t> FnOnce(&'t mut PgConnection, Attempt) -> TxFuture<'t, Result<T, E>>,
     {
         let store = self.call.store().clone();
@@ -225,41 +237,8 @@ impl<C> TxCall<'_, '_, C> {
         let completer = InTx { store, slot: &slot };
         let result = self
             .call
-            .run_completing(completer, |attempt| act(&slot, &ran, action, attempt))
-            .await;
-        settle(slot, &ran, result).await
-    }
-
-    /// Like [`run`](TxCall::run), storing (in the transaction) the errors `is_permanent`
-    /// accepts, as [`Call::run_storing_errors`] does.
-    ///
-    /// # Errors
-    ///
-    /// As [`Call::run_storing_errors`] and [`run`](TxCall::run).
-    ///
-    /// # Example
-    ///
-    /// See [`TxCall`].
-    pub async fn run_storing_errors<T, E, P, F>(
-        self,
-        is_permanent: P,
-        action: F,
-    ) -> Result<Receipt<T>, Error<E>>
-    where
-        C: Codec<T> + Codec<E>,
-        P: Fn(&E) -> bool,
-        F: for<'t> FnOnce(&'t mut PgConnection, Attempt) -> TxFuture<'t, Result<T, E>>,
-    {
-        let store = self.call.store().clone();
-        check_isolation(self.conn, &store).await?;
-        let slot = Mutex::new(Some(self.conn));
-        let ran = AtomicBool::new(false);
-        let completer = InTx { store, slot: &slot };
-        let result = self
-            .call
-            .run_storing_errors_completing(completer, is_permanent, |attempt| {
-                act(&slot, &ran, action, attempt)
-            })
+            .completer(completer)
+            .run(|attempt| act(&slot, &ran, action, attempt))
             .await;
         settle(slot, &ran, result).await
     }

@@ -231,10 +231,9 @@ macro_rules! scenarios {
 async fn on_postgres(pool: PgPool) -> Option<PgStore> {
     let store = PgStore::builder()
         .schema("idemkit_test")
-        .unwrap()
         .table("records")
-        .unwrap()
-        .build(pool);
+        .build(pool)
+        .unwrap();
     store.migrate().await.unwrap();
     Some(store)
 }

@@ -9,6 +9,7 @@ use idemkit_core::{
     BeginRequest, Claim, CompleteRequest, Key, Operation, OwnerToken, Ownership, RawStore,
     ResultKind, StorageKey, Store, StoreErrorKind,
 };
+use idemkit_postgres::NameError;
 use idemkit_postgres::PgStore;
 use sqlx::PgPool;
 
@@ -32,11 +33,10 @@ async fn reserve(store: &PgStore, key: &StorageKey, lease: Duration) -> Ownershi
 async fn slow_recheck_store(pool: PgPool) -> PgStore {
     let store = PgStore::builder()
         .schema("idemkit_test")
-        .unwrap()
         .table("records")
-        .unwrap()
         .recheck(Duration::from_secs(60))
-        .build(pool);
+        .build(pool)
+        .unwrap();
     store.migrate().await.unwrap();
     store
 }
@@ -137,8 +137,8 @@ async fn a_missing_table_is_an_error_that_names_the_migration() {
     };
     let store = PgStore::builder()
         .schema("idemkit_never_migrated")
-        .unwrap()
-        .build(pool);
+        .build(pool)
+        .unwrap();
     let k = key("missing");
     let err = store
         .begin(&BeginRequest::new(
@@ -263,10 +263,9 @@ async fn purge_expired_removes_only_expired_rows_in_batches() {
     let table = format!("purge_{:x}", fastrand::u32(..));
     let store = PgStore::builder()
         .schema("idemkit_test")
-        .unwrap()
         .table(&table)
-        .unwrap()
-        .build(pool.clone());
+        .build(pool.clone())
+        .unwrap();
     store.migrate().await.unwrap();
     for i in 0..7 {
         reserve(
@@ -334,8 +333,10 @@ async fn migrate_is_idempotent_and_concurrent_calls_agree() {
     assert_eq!(applied, 1);
 }
 
-#[test]
-fn invalid_names_are_refused_before_any_sql() {
+/// Checked at the end, by `build` and `connect` (sqlx's `PgPoolOptions` way): `connect`
+/// refuses a bad name before it connects to anything (the URL here has no server).
+#[tokio::test]
+async fn invalid_names_are_refused_before_any_sql() {
     for bad in [
         "",
         "Upper",
@@ -344,8 +345,26 @@ fn invalid_names_are_refused_before_any_sql() {
         "9lives",
         &"x".repeat(31),
     ] {
-        assert!(PgStore::builder().table(bad).is_err(), "{bad}");
-        assert!(PgStore::builder().schema(bad).is_err(), "{bad}");
+        let pool = PgPool::connect_lazy("postgres://postgres@127.0.0.1:1/test").unwrap();
+        let e = PgStore::builder()
+            .table(bad)
+            .build(pool.clone())
+            .unwrap_err();
+        assert_eq!((e.what(), e.name()), ("table", bad));
+        let e = PgStore::builder().schema(bad).build(pool).unwrap_err();
+        assert_eq!((e.what(), e.name()), ("schema", bad));
+        let e = PgStore::builder()
+            .schema(bad)
+            .connect("postgres://postgres@127.0.0.1:1/test")
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e.kind(),
+            StoreErrorKind::Other,
+            "a name error, not an outage: {e}"
+        );
+        let source = std::error::Error::source(&e).and_then(|s| s.downcast_ref::<NameError>());
+        assert!(source.is_some(), "{e:?}");
     }
 }
 

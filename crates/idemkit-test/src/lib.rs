@@ -37,6 +37,7 @@ use std::time::Duration;
 
 use idemkit_core::{Key, Operation, RawStore, StorageKey, Store};
 
+pub mod brokers;
 pub mod coordinator;
 mod effects;
 mod probe;

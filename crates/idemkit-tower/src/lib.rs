@@ -17,7 +17,7 @@
 //!   released, so the framework's retry runs it again);
 //! - otherwise an [`idemkit_core::Error`]`<`[`ActionError`]`>`, boxed: an invalid key, a key
 //!   in flight, the store down. [`disposition`] reads the settlement from either, with the
-//!   table of [`idemkit_core::consume`]: a framework's retry policy retries a `Retry` and
+//!   table of `idemkit_runner` (the one every runner reads): a framework's retry policy retries a `Retry` and
 //!   gives up on a `DeadLetter` (an invalid key is never run unprotected).
 //!
 //! # Example
@@ -104,14 +104,23 @@ pub fn disposition(error: &BoxError) -> Disposition {
 }
 
 /// Makes the wrapped job service idempotent per effect key. See the [crate docs](crate).
+///
+/// Cloning is cheap (the coordinator, operation and key function are shared); the options
+/// may be set on any copy, before or after it is cloned.
 pub struct IdempotencyLayer<S, K> {
-    inner: Arc<Config<S, K>>,
+    shared: Arc<Shared<S, K>>,
+    options: Options,
 }
 
-struct Config<S, K> {
+struct Shared<S, K> {
     coordinator: Coordinator<S>,
     operation: Operation,
     key: K,
+}
+
+/// The per-layer options, copied into every service the layer makes.
+#[derive(Debug, Clone, Copy, Default)]
+struct Options {
     in_flight: Option<InFlight>,
     ttl: Option<Duration>,
 }
@@ -119,7 +128,8 @@ struct Config<S, K> {
 impl<S, K> Clone for IdempotencyLayer<S, K> {
     fn clone(&self) -> Self {
         IdempotencyLayer {
-            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+            options: self.options,
         }
     }
 }
@@ -127,10 +137,10 @@ impl<S, K> Clone for IdempotencyLayer<S, K> {
 impl<S: fmt::Debug, K> fmt::Debug for IdempotencyLayer<S, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyLayer")
-            .field("coordinator", &self.inner.coordinator)
-            .field("operation", &self.inner.operation)
-            .field("in_flight", &self.inner.in_flight)
-            .field("ttl", &self.inner.ttl)
+            .field("coordinator", &self.shared.coordinator)
+            .field("operation", &self.shared.operation)
+            .field("in_flight", &self.options.in_flight)
+            .field("ttl", &self.options.ttl)
             .finish_non_exhaustive()
     }
 }
@@ -139,79 +149,107 @@ impl<S: Store, K> IdempotencyLayer<S, K> {
     /// A layer for `operation`; `key` names the effect a job asks for.
     pub fn new(coordinator: Coordinator<S>, operation: Operation, key: K) -> Self {
         IdempotencyLayer {
-            inner: Arc::new(Config {
+            shared: Arc::new(Shared {
                 coordinator,
                 operation,
                 key,
-                in_flight: None,
-                ttl: None,
             }),
+            options: Options::default(),
         }
-    }
-
-    fn config_mut(&mut self) -> &mut Config<S, K> {
-        Arc::get_mut(&mut self.inner).expect("configured before it is cloned")
     }
 
     /// What a concurrent duplicate does instead of the policy's: wait for the first
     /// result (the default policy) or fail with `InFlight` for the framework to retry.
-    ///
-    /// # Panics
-    ///
-    /// If the layer was cloned already: configure it first.
     pub fn in_flight(mut self, in_flight: InFlight) -> Self {
-        self.config_mut().in_flight = Some(in_flight);
+        self.options.in_flight = Some(in_flight);
         self
     }
 
     /// How long a result is kept instead of the policy's TTL: longer than the latest
     /// redelivery of a job.
-    ///
-    /// # Panics
-    ///
-    /// If the layer was cloned already: configure it first.
     pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.config_mut().ttl = Some(ttl);
+        self.options.ttl = Some(ttl);
         self
     }
 }
 
 impl<S, K, Svc> Layer<Svc> for IdempotencyLayer<S, K> {
-    type Service = Idempotent<Svc, S, K>;
+    type Service = Idempotency<Svc, S, K>;
 
     fn layer(&self, inner: Svc) -> Self::Service {
-        Idempotent {
+        Idempotency {
             inner,
-            config: self.inner.clone(),
+            shared: self.shared.clone(),
+            options: self.options,
         }
     }
 }
 
-/// The service [`IdempotencyLayer`] makes.
-pub struct Idempotent<Svc, S, K> {
+/// The service [`IdempotencyLayer`] makes: `inner`, run at most once per effect key.
+pub struct Idempotency<Svc, S, K> {
     inner: Svc,
-    config: Arc<Config<S, K>>,
+    shared: Arc<Shared<S, K>>,
+    options: Options,
 }
 
-impl<Svc: Clone, S, K> Clone for Idempotent<Svc, S, K> {
+impl<Svc, S, K> Idempotency<Svc, S, K> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &Svc {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut Svc {
+        &mut self.inner
+    }
+
+    /// The inner service, unwrapped.
+    pub fn into_inner(self) -> Svc {
+        self.inner
+    }
+}
+
+impl<Svc: Clone, S, K> Clone for Idempotency<Svc, S, K> {
     fn clone(&self) -> Self {
-        Idempotent {
+        Idempotency {
             inner: self.inner.clone(),
-            config: self.config.clone(),
+            shared: self.shared.clone(),
+            options: self.options,
         }
     }
 }
 
-impl<Svc: fmt::Debug, S: fmt::Debug, K> fmt::Debug for Idempotent<Svc, S, K> {
+impl<Svc: fmt::Debug, S: fmt::Debug, K> fmt::Debug for Idempotency<Svc, S, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Idempotent")
+        f.debug_struct("Idempotency")
             .field("inner", &self.inner)
-            .field("operation", &self.config.operation)
+            .field("operation", &self.shared.operation)
             .finish_non_exhaustive()
     }
 }
 
-impl<Svc, S, K, Job> Service<Job> for Idempotent<Svc, S, K>
+/// The future [`Idempotency`] returns: the call under the coordinator (boxed: it holds the
+/// inner service's future inside the coordinator's).
+#[must_use = "futures do nothing unless polled"]
+pub struct ResponseFuture<T> {
+    inner: Pin<Box<dyn Future<Output = Result<T, BoxError>> + Send>>,
+}
+
+impl<T> fmt::Debug for ResponseFuture<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+impl<T> Future for ResponseFuture<T> {
+    type Output = Result<T, BoxError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+impl<Svc, S, K, Job> Service<Job> for Idempotency<Svc, S, K>
 where
     Svc: Service<Job> + Clone + Send + 'static,
     Svc::Future: Send,
@@ -223,7 +261,7 @@ where
 {
     type Response = Svc::Response;
     type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<Svc::Response, BoxError>> + Send>>;
+    type Future = ResponseFuture<Svc::Response>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         self.inner.poll_ready(cx).map_err(Into::into)
@@ -234,26 +272,29 @@ where
         // rule for services that move into their future).
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let config = self.config.clone();
-        Box::pin(async move {
-            let key = match (config.key)(&job) {
-                Ok(key) => key,
-                // Never run unprotected: the job names no effect.
-                Err(e) => return Err(boxed(Error::InvalidKey(e))),
-            };
-            let mut call = config.coordinator.call(&config.operation, &key);
-            if let Some(in_flight) = config.in_flight {
-                call = call.in_flight(in_flight);
-            }
-            if let Some(ttl) = config.ttl {
-                call = call.ttl(ttl);
-            }
-            match call.run(|_attempt| inner.call(job)).await {
-                Ok(receipt) => Ok(receipt.into_value()),
-                Err(Error::Action(e)) => Err(e.into()),
-                Err(e) => Err(boxed(e.map_action(|e| ActionError(e.into())))),
-            }
-        })
+        let shared = self.shared.clone();
+        let options = self.options;
+        ResponseFuture {
+            inner: Box::pin(async move {
+                let key = match (shared.key)(&job) {
+                    Ok(key) => key,
+                    // Never run unprotected: the job names no effect.
+                    Err(e) => return Err(boxed(Error::InvalidKey(e))),
+                };
+                let mut call = shared.coordinator.call(&shared.operation, &key);
+                if let Some(in_flight) = options.in_flight {
+                    call = call.in_flight(in_flight);
+                }
+                if let Some(ttl) = options.ttl {
+                    call = call.ttl(ttl);
+                }
+                match call.run(|_attempt| inner.call(job)).await {
+                    Ok(receipt) => Ok(receipt.into_value()),
+                    Err(Error::Action(e)) => Err(e.into()),
+                    Err(e) => Err(boxed(e.map_action(|e| ActionError(e.into())))),
+                }
+            }),
+        }
     }
 }
 

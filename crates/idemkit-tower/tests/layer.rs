@@ -63,6 +63,37 @@ async fn the_inner_service_runs_once_per_key() {
     assert_eq!(other.await.unwrap().unwrap(), "em_2");
 }
 
+/// Before: `in_flight` and `ttl` on a layer that had been cloned panicked ("configured
+/// before it is cloned"). Now each copy keeps its own options, and the service gives its
+/// inner service back as tower's services do.
+#[tokio::test]
+async fn a_cloned_layer_takes_options_and_the_service_gives_back_its_inner_service() {
+    let base = layer(MemoryStore::new());
+    let copy = base.clone();
+    let rejecting = copy
+        .in_flight(InFlight::Reject)
+        .ttl(Duration::from_secs(60));
+    let debug = format!("{rejecting:?}");
+    assert!(debug.contains("Reject"), "{debug}");
+    assert!(
+        !format!("{base:?}").contains("Reject"),
+        "the original is unchanged"
+    );
+
+    let inner =
+        tower::service_fn(
+            |job: Invoice| async move { Ok::<_, BoxError>(format!("em_{}", job.order)) },
+        );
+    let mut svc: idemkit_tower::Idempotency<_, _, _> = rejecting.layer(inner);
+    let _: &_ = svc.get_ref();
+    let _: &mut _ = svc.get_mut();
+    let future: idemkit_tower::ResponseFuture<String> =
+        svc.ready().await.unwrap().call(invoice("order-9"));
+    assert_eq!(future.await.unwrap(), "em_order-9");
+    let mut inner = svc.into_inner();
+    assert_eq!(inner.call(invoice("x")).await.unwrap(), "em_x");
+}
+
 #[tokio::test]
 async fn a_failing_handler_releases_its_key_and_its_error_is_returned_as_is() {
     let (mock, mut handle) = tower_test::mock::pair::<Invoice, String>();

@@ -13,6 +13,12 @@
 
 pub use idemkit_core::*;
 
+/// The runner skeleton the queue and stream runners share (`Processor`, `Settlement`,
+/// `RetryPolicy`): `idemkit-runner`.
+pub mod runner {
+    pub use idemkit_runner::*;
+}
+
 /// The Redis store: `idemkit-redis`.
 #[cfg(feature = "redis")]
 pub mod redis {

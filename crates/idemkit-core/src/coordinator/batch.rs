@@ -18,10 +18,10 @@ use tokio::time::Instant;
 
 use super::Coordinator;
 use crate::clock::now;
-use crate::error::Phase;
 use crate::ident::{Key, Operation, StorageKey};
+use crate::phase::Phase;
 use crate::record::OwnerToken;
-use crate::store::{BeginRequest, Claim, Store, StoreError};
+use crate::store::{BeginRequest, Claim, Store, StoreError, StoreErrorKind};
 
 /// One key of a batch, reserved (or found completed, in flight, ...) ahead of its call by
 /// [`Coordinator::prepare`]; give it to the call with [`Call::prepared`](super::Call::prepared).
@@ -176,7 +176,7 @@ impl<S: Store> Coordinator<S> {
         for i in first {
             out[i].claim = Some(claims.next().unwrap_or_else(|| {
                 Err(StoreError::new(
-                    crate::StoreErrorKind::Rejected,
+                    StoreErrorKind::Rejected,
                     "the store answered fewer claims than keys",
                 ))
             }));

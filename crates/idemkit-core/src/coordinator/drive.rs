@@ -18,37 +18,26 @@
 
 use std::future::Future;
 
-use bytes::Bytes;
 use tracing::Instrument as _;
 
-use super::call::{Attempt, Call, Downstream, Receipt, Source};
-use super::complete::Completer;
-use super::errors::ErrorPolicy;
-use super::lease::{Guard, Keeper, LeaseState, Pending, after, bounded};
-use crate::StorageKey;
-use crate::clock::now;
+use super::attempt::{Attempt, Downstream};
+use super::batch::{FirstClaim, Prepared};
+use super::call::Call;
+use super::lease::{Guard, Keeper, LeaseState, Pending, bounded, release_orphan};
+use super::options::{Batch, Completer, OnActionError};
+use super::outcome::{AfterAction, Effective};
+use super::receipt::{Receipt, Source};
+use crate::clock::{after, now};
 use crate::codec::Codec;
-use crate::error::{Error, Phase};
-use crate::policy::{InFlight, MIN_LEASE, OnStoreError, Policy};
-use crate::record::{OwnerToken, ResultKind};
-use crate::store::{BeginRequest, Claim, CompleteRequest, Ownership, Replay, Store, StoreError};
+use crate::error::Error;
+use crate::ident::{Operation, StorageKey};
+use crate::phase::Phase;
+use crate::policy::{InFlight, OnStoreError, Policy};
+use crate::record::OwnerToken;
+use crate::store::{BeginRequest, Claim, Ownership, Store, StoreError};
+use crate::unwind;
 
-/// What an owner does once its action returned.
-pub(super) enum AfterAction<T, E> {
-    /// Store this completion, then answer this (the value, or the permanent error stored).
-    Store(CompleteRequest, Result<Receipt<T>, E>),
-    /// Release the key and answer `Error::Action` with this error.
-    Release(E),
-}
-
-/// A call's policy once checked against its store: every duration positive and within
-/// what the store can keep.
-pub(super) struct Effective {
-    pub(super) policy: Policy,
-    pub(super) ttl: std::time::Duration,
-}
-
-impl<S: Store, C> Call<'_, S, C> {
+impl<S: Store, C, P, K, B> Call<'_, S, C, P, K, B> {
     /// What the attempt's downstream key is derived from (the effect, the secret).
     pub(super) fn downstream(&self, key: &StorageKey) -> Downstream {
         Downstream {
@@ -57,42 +46,13 @@ impl<S: Store, C> Call<'_, S, C> {
         }
     }
 
-    fn storage_key(&self) -> StorageKey {
-        StorageKey::new(&self.operation, self.scope.as_deref(), &self.key)
-    }
-
-    fn effective(&self) -> Result<Effective, &'static str> {
-        let mut policy = self.policy;
-        let ttl = self.ttl.unwrap_or(policy.ttl).min(Policy::MAX_DURATION);
-        if ttl.is_zero() {
-            return Err("the TTL must be positive");
-        }
-        if policy.lease < MIN_LEASE {
-            return Err("the lease must be at least 3 ms");
-        }
-        if policy.store_timeout.is_zero() {
-            return Err("the store timeout must be positive");
-        }
-        let max = self.coordinator.store().max_ttl();
-        policy.lease = policy.lease.min(max);
-        Ok(Effective {
-            policy,
-            ttl: ttl.min(max),
-        })
-    }
-
     /// Runs the call inside its span (`idemkit.call`, with `operation` and `key`).
-    pub(super) async fn execute<T, E, F, Fut, P, K>(
-        self,
-        action: F,
-        errors: P,
-        completer: Option<K>,
-        prepared: Option<Box<super::batch::Prepared<S>>>,
-    ) -> Result<Receipt<T>, Error<E>>
+    pub(super) async fn execute<T, E, F, Fut>(mut self, action: F) -> Result<Receipt<T>, Error<E>>
     where
         C: Codec<T>,
-        P: ErrorPolicy<C, E>,
+        P: OnActionError<C, E>,
         K: Completer,
+        B: Batch<S>,
         F: FnOnce(Attempt) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
@@ -101,6 +61,8 @@ impl<S: Store, C> Call<'_, S, C> {
             operation = %self.operation,
             key = %self.key,
         );
+        let completer = self.completer.take();
+        let prepared = self.batch.take();
         let effective = match self.effective() {
             Ok(e) => e,
             Err(reason) => return Err(Error::Config { reason }),
@@ -108,38 +70,36 @@ impl<S: Store, C> Call<'_, S, C> {
         // Without a subscriber that wants the span, skip the wrapper: instrumenting moves the
         // whole call's state into it, on every call.
         if span.is_disabled() {
-            self.drive(&effective, action, &errors, completer, prepared)
-                .await
+            self.drive(&effective, action, completer, prepared).await
         } else {
-            self.drive(&effective, action, &errors, completer, prepared)
+            self.drive(&effective, action, completer, prepared)
                 .instrument(span)
                 .await
         }
     }
 
-    async fn drive<T, E, F, Fut, P, K>(
+    async fn drive<T, E, F, Fut>(
         &self,
         effective: &Effective,
         action: F,
-        errors: &P,
         completer: Option<K>,
-        prepared: Option<Box<super::batch::Prepared<S>>>,
+        prepared: Option<Prepared<S>>,
     ) -> Result<Receipt<T>, Error<E>>
     where
         C: Codec<T>,
-        P: ErrorPolicy<C, E>,
+        P: OnActionError<C, E>,
         K: Completer,
         F: FnOnce(Attempt) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
         let store = self.coordinator.store();
-        let op: &crate::Operation = &self.operation;
+        let op: &Operation = &self.operation;
         let policy = &effective.policy;
         let key = StorageKey::new(op, self.scope.as_deref(), &self.key);
         // Row 31: a claim from a batch stands in for the first `begin` while it is fresh.
         let (owner, mut first) = match prepared {
             None => (OwnerToken::random(), None),
-            Some(p) => self.take_prepared(*p, &key, policy),
+            Some(p) => self.take_prepared(p, &key, policy),
         };
         let req = BeginRequest::new(&key, owner, policy.lease).with_fingerprint(self.fingerprint);
         let mut wait_deadline = None;
@@ -174,13 +134,13 @@ impl<S: Store, C> Call<'_, S, C> {
                     }
                     return match completer {
                         None => {
-                            self.run_owned(&key, lease, started, effective, action, errors)
+                            self.run_owned(&key, lease, started, effective, action)
                                 .await
                         }
                         // Row 30: the caller's transaction completes. Boxed: a rare path.
                         Some(completer) => {
                             Box::pin(self.run_owned_completing(
-                                &key, lease, started, effective, action, errors, completer,
+                                &key, lease, started, effective, action, completer,
                             ))
                             .await
                         }
@@ -190,7 +150,7 @@ impl<S: Store, C> Call<'_, S, C> {
                 Ok(Claim::Replay(completed)) => {
                     op.metrics().hits.increment(1);
                     tracing::debug!(fencing = %completed.fencing, "replaying stored outcome");
-                    return self.replay(completed, errors);
+                    return self.replay(completed);
                 }
                 // Row 16: the same key for another request.
                 Ok(Claim::Mismatch) => {
@@ -258,7 +218,7 @@ impl<S: Store, C> Call<'_, S, C> {
                 Err(source) => {
                     if source.is_unavailable() {
                         // Row 19: the begin may have reserved before its answer was lost.
-                        super::lease::release_orphan(
+                        release_orphan(
                             store,
                             &req,
                             after(started, policy.lease),
@@ -278,10 +238,10 @@ impl<S: Store, C> Call<'_, S, C> {
     #[inline(never)]
     fn take_prepared(
         &self,
-        prepared: super::batch::Prepared<S>,
+        prepared: Prepared<S>,
         key: &StorageKey,
         policy: &Policy,
-    ) -> (OwnerToken, super::batch::FirstClaim) {
+    ) -> (OwnerToken, FirstClaim) {
         let taken = if self.fingerprint.is_some() {
             None
         } else {
@@ -319,22 +279,21 @@ impl<S: Store, C> Call<'_, S, C> {
 
     /// Runs the action as the key's owner, then completes or releases, with the lease kept
     /// alive until the store has answered (rows 5-10, 17-22, 25, 26, 29).
-    async fn run_owned<T, E, F, Fut, P>(
+    async fn run_owned<T, E, F, Fut>(
         &self,
         key: &StorageKey,
         lease: Ownership,
         reserved_at: tokio::time::Instant,
         effective: &Effective,
         action: F,
-        errors: &P,
     ) -> Result<Receipt<T>, Error<E>>
     where
         C: Codec<T>,
-        P: ErrorPolicy<C, E>,
+        P: OnActionError<C, E>,
         F: FnOnce(Attempt) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let op: &crate::Operation = &self.operation;
+        let op: &Operation = &self.operation;
         let policy = &effective.policy;
         let state = std::sync::Arc::new(LeaseState::new(after(reserved_at, policy.lease)));
         let keeper = self.keeper(key, lease, reserved_at, policy, &state);
@@ -349,20 +308,20 @@ impl<S: Store, C> Call<'_, S, C> {
                 lease: Some(state.clone()),
                 downstream: Some(self.downstream(key)),
             };
-            let result = match crate::unwind::catch(action(attempt)).await {
+            let result = match unwind::catch(action(attempt)).await {
                 Ok(result) => result,
                 Err(panic) => {
                     // A panic is a failed action: release the key (its retry runs at once,
                     // as after an error), then let the panic go on to the caller.
                     guard.pending = Pending::Done;
                     tracing::warn!(operation = %op, key = %self.key,
-                        panic = crate::unwind::message(&*panic), "the action panicked; releasing its key");
+                        panic = unwind::message(&*panic), "the action panicked; releasing its key");
                     Box::pin(self.release(key, &lease, policy)).await;
                     std::panic::resume_unwind(panic);
                 }
             };
             op.metrics().timing(Phase::Action, started);
-            let (completion, answer) = match self.after_action(result, &lease, effective, errors) {
+            let (completion, answer) = match self.after_action(result, &lease, effective) {
                 AfterAction::Store(completion, answer) => (completion, answer),
                 AfterAction::Release(e) => {
                     guard.pending = Pending::Done;
@@ -416,115 +375,6 @@ impl<S: Store, C> Call<'_, S, C> {
             operation: &self.operation,
             pending: Pending::Release,
             on_cancel: self.policy.on_cancel,
-        }
-    }
-
-    /// What an owner does once its action returned (rows 10, 22, 29).
-    pub(super) fn after_action<T, E, P>(
-        &self,
-        result: Result<T, E>,
-        lease: &Ownership,
-        effective: &Effective,
-        errors: &P,
-    ) -> AfterAction<T, E>
-    where
-        C: Codec<T>,
-        P: ErrorPolicy<C, E>,
-    {
-        match result {
-            Ok(value) => AfterAction::Store(
-                self.encode_value(&value, effective),
-                Ok(Receipt::new(value, Source::Fresh, Some(lease.fencing))),
-            ),
-            Err(e) => match self.permanent_error(&e, errors, effective) {
-                Some(completion) => AfterAction::Store(completion, Err(e)),
-                None => AfterAction::Release(e),
-            },
-        }
-    }
-
-    /// The completion that stores `e` as a permanent error, if the call's error policy says
-    /// it is one and it can be stored (encodable, within `max_result_bytes`).
-    pub(super) fn permanent_error<E, P>(
-        &self,
-        e: &E,
-        errors: &P,
-        effective: &Effective,
-    ) -> Option<CompleteRequest>
-    where
-        P: ErrorPolicy<C, E>,
-    {
-        let max = effective.policy.max_result_bytes;
-        match errors.encode(&self.codec, e)? {
-            Ok(bytes) if bytes.len() <= max => Some(CompleteRequest::new(
-                ResultKind::PermanentError,
-                bytes,
-                effective.ttl,
-            )),
-            Ok(bytes) => {
-                tracing::warn!(operation = %self.operation, key = %self.key, len = bytes.len(), max,
-                    "permanent error too large to store; releasing the key");
-                None
-            }
-            Err(encode_error) => {
-                tracing::warn!(operation = %self.operation, key = %self.key, error = %encode_error,
-                    "permanent error could not be encoded; releasing the key");
-                None
-            }
-        }
-    }
-
-    /// Encodes a successful value, or explains why it cannot be kept. Never fails: once the
-    /// action succeeded the key must end completed, whatever happens to its bytes.
-    pub(super) fn encode_value<T>(&self, value: &T, effective: &Effective) -> CompleteRequest
-    where
-        C: Codec<T>,
-    {
-        let unavailable = |reason: String| {
-            self.operation.metrics().results_unavailable.increment(1);
-            tracing::warn!(operation = %self.operation, key = %self.key, %reason,
-                "result not stored; replays will get ResultUnavailable");
-            CompleteRequest::new(ResultKind::Unavailable, reason, effective.ttl)
-        };
-        let max = effective.policy.max_result_bytes;
-        match self.codec.encode(value) {
-            Ok(bytes) if bytes.len() <= max => {
-                CompleteRequest::new(ResultKind::Value, Bytes::from(bytes), effective.ttl)
-            }
-            Ok(bytes) => unavailable(format!(
-                "result of {} bytes exceeds the limit of {max} bytes",
-                bytes.len(),
-            )),
-            Err(e) => unavailable(format!("result could not be encoded: {e}")),
-        }
-    }
-
-    fn replay<T, E, P>(&self, completed: Replay, errors: &P) -> Result<Receipt<T>, Error<E>>
-    where
-        C: Codec<T>,
-        P: ErrorPolicy<C, E>,
-    {
-        let bytes = completed.outcome.bytes();
-        match completed.outcome.kind() {
-            ResultKind::Value => match self.codec.decode(bytes) {
-                Ok(value) => Ok(Receipt::new(
-                    value,
-                    Source::Replayed,
-                    Some(completed.fencing),
-                )),
-                Err(e) => Err(Error::Decode(e)),
-            },
-            ResultKind::PermanentError => match errors.decode(&self.codec, bytes) {
-                Some(Ok(e)) => Err(Error::ReplayedAction(e)),
-                Some(Err(e)) => Err(Error::Decode(e)),
-                None => Err(Error::Decode(
-                    "a permanent error is stored under this key; use run_storing_errors to replay it"
-                        .into(),
-                )),
-            },
-            ResultKind::Unavailable => Err(Error::ResultUnavailable {
-                reason: String::from_utf8_lossy(bytes).into_owned(),
-            }),
         }
     }
 

@@ -13,12 +13,12 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::clock::now;
-use crate::error::Phase;
+use crate::clock::{after, now};
+use crate::ident::{Operation, StorageKey};
+use crate::phase::Phase;
 use crate::policy::{OnCancel, Policy};
 use crate::record::RecordState;
 use crate::store::{BeginRequest, CompleteRequest, Ownership, Store, StoreError};
-use crate::{Operation, StorageKey};
 
 /// What the owner knows about its lease, shared with the action's [`Attempt`](super::Attempt).
 #[derive(Debug)]
@@ -98,13 +98,6 @@ impl LeaseState {
             }
         }
     }
-}
-
-/// `Instant + Duration` that cannot panic: policies clamp durations to 100 years, and this
-/// saturates anything beyond the platform's range to a far future that is never reached.
-pub(crate) fn after(from: Instant, d: Duration) -> Instant {
-    from.checked_add(d)
-        .unwrap_or_else(|| from + Duration::from_secs(30 * 365 * 24 * 3600))
 }
 
 /// Bounds one store call: no answer within `limit` is an outage, like a refused connection.

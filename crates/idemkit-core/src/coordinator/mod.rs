@@ -1,37 +1,52 @@
 //! The coordinator: reserve, run while renewing, complete, replay.
 //!
 //! - [`mod@self`]: [`Coordinator`] and its builder, the policy lookup;
-//! - `call`: one call's options ([`Call`]), what it returns ([`Receipt`], [`Source`]) and
-//!   what the action is told ([`Attempt`]);
+//! - `call`: one call's options ([`Call`]) and its one `run`;
+//! - [`options`]: the type-state of the options that change a call's type (how the
+//!   action's errors are treated, who stores the result: [`Completer`]);
+//! - `receipt` and `attempt`: what a call returns ([`Receipt`], [`Source`]) and what the
+//!   action is told ([`Attempt`]);
+//! - `batch`: claims made for a batch of keys at once ([`Prepared`]);
 //! - `drive`: the state machine, opening with its diagram (ARCHITECTURE.md, "The state
 //!   machine and its interleavings", has the rows it names);
+//! - `outcome`: what an action's result becomes (a completion, a release) and what a
+//!   replay answers;
+//! - `complete`: completion by a [`Completer`] (the caller's transaction) instead of the store;
 //! - `lease`: the lease keeper (renewals, the lease-lost signal, the maximum hold) and the
-//!   guard that finishes a dropped call;
-//! - `errors`: how an action's error is released or stored;
-//! - `complete`: completion by a [`Completer`] (the caller's transaction) instead of the store.
+//!   guard that finishes a dropped call.
+//!
+//! The imports run one way: `call` → `options`, `receipt`, `attempt`, `batch`; `drive`,
+//! `complete` and `outcome` → `call`; everything → `lease`. `call`'s `run` enters `drive`
+//! through a method, never an import.
 
+mod attempt;
 mod batch;
 mod call;
 mod complete;
 mod drive;
-mod errors;
 mod lease;
+pub mod options;
+mod outcome;
+mod receipt;
 
+pub use attempt::Attempt;
 pub use batch::Prepared;
-pub use call::{Attempt, Call, PreparedCall, Receipt, Source};
-pub use complete::Completer;
-pub(crate) use lease::after;
+pub use call::Call;
+pub use options::Completer;
+pub use receipt::{Receipt, Source};
 
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
+use crate::clock::after;
 use crate::codec::JsonCodec;
 use crate::downstream::{DownstreamKey, DownstreamSecret};
+use crate::ident::{Key, Operation, Scope, StorageKey};
 use crate::policy::Policy;
-use crate::store::Store;
-use crate::{Key, Operation};
+use crate::record::RecordState;
+use crate::store::{Store, StoreError};
 
 /// Runs actions at most once per key, replaying the stored result to every later caller.
 ///
@@ -229,11 +244,11 @@ impl<S: Store> Coordinator<S> {
     pub fn downstream_key(
         &self,
         operation: &Operation,
-        scope: Option<&crate::Scope>,
+        scope: Option<&Scope>,
         key: &Key,
     ) -> DownstreamKey {
         DownstreamKey::of_storage_key(
-            &crate::StorageKey::new(operation, scope, key),
+            &StorageKey::new(operation, scope, key),
             self.inner.downstream_secret.as_ref(),
         )
     }
@@ -372,20 +387,20 @@ impl<S: Store> Coordinator<S> {
     pub async fn wait_while_reserved(
         &self,
         operation: &Operation,
-        scope: Option<&crate::Scope>,
+        scope: Option<&Scope>,
         key: &Key,
         timeout: std::time::Duration,
-    ) -> Result<(), crate::StoreError> {
+    ) -> Result<(), StoreError> {
         let store = self.store();
         let bound = self.policy_for(operation).store_timeout;
-        let key = crate::StorageKey::new(operation, scope, key);
+        let key = StorageKey::new(operation, scope, key);
         let deadline = after(crate::clock::now(), timeout);
         loop {
             let record = lease::bounded(bound, store.call_timeout(), store.get(&key)).await?;
             let Some(record) = record else {
                 return Ok(());
             };
-            if !matches!(record.state, crate::RecordState::Reserved) {
+            if !matches!(record.state, RecordState::Reserved) {
                 return Ok(());
             }
             let left = deadline.saturating_duration_since(crate::clock::now());

@@ -10,10 +10,11 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::clock::Clock;
-use crate::coordinator::after;
+use crate::clock::after;
+use crate::fingerprint::Fingerprint;
+use crate::ident::StorageKey;
 use crate::record::{FencingToken, OwnerToken, Record, RecordState, StoredResult};
 use crate::store::{BeginRequest, Claim, CompleteRequest, Ownership, Replay, Store, StoreError};
-use crate::{Fingerprint, StorageKey};
 
 mod raw;
 mod table;

@@ -7,11 +7,11 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::{Entry, MemoryStore, Slot, State, lock};
-use crate::coordinator::after;
+use crate::clock::after;
+use crate::ident::{Operation, StorageKey};
 use crate::record::{FencingToken, Record, RecordState};
 use crate::scan::{Listed, Scan, ScanCursor, ScanPage};
 use crate::store::{RawStore, StoreError};
-use crate::{Operation, StorageKey};
 
 impl RawStore for MemoryStore {
     async fn put_raw(

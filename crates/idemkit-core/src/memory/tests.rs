@@ -1,7 +1,8 @@
 //! MemoryStore's own tests (the store contract is checked by the conformance suite).
 
 use super::*;
-use crate::{Key, Operation, ResultKind};
+use crate::ident::{Key, Operation};
+use crate::record::ResultKind;
 
 fn key(i: usize) -> StorageKey {
     StorageKey::new(

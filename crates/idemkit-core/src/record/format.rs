@@ -3,7 +3,7 @@
 use bytes::Bytes;
 
 use super::{FencingToken, OwnerToken, Record, RecordError, RecordState, ResultKind, StoredResult};
-use crate::Fingerprint;
+use crate::fingerprint::Fingerprint;
 
 pub(super) const MAGIC: &[u8; 3] = b"IDK";
 pub(super) const VERSION: u8 = 1;

@@ -8,7 +8,7 @@ use std::fmt;
 
 use bytes::Bytes;
 
-use crate::Fingerprint;
+use crate::fingerprint::Fingerprint;
 
 mod format;
 #[cfg(test)]

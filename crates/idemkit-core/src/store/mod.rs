@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::StorageKey;
+use crate::ident::StorageKey;
 use crate::record::{FencingToken, Record};
 
 mod error;
@@ -62,7 +62,7 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// sends to it (and to [`Policy::MAX_DURATION`](crate::Policy::MAX_DURATION)), so a store
     /// never sees a duration it cannot represent. Default: 100 years.
     fn max_ttl(&self) -> Duration {
-        crate::Policy::MAX_DURATION
+        crate::policy::Policy::MAX_DURATION
     }
 
     /// How long one call of this store can take at most, if the store enforces a limit

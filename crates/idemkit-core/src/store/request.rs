@@ -4,8 +4,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use crate::fingerprint::Fingerprint;
+use crate::ident::StorageKey;
 use crate::record::{FencingToken, OwnerToken, ResultKind, StoredResult};
-use crate::{Fingerprint, StorageKey};
 
 /// What [`Store::begin`](super::Store::begin) asks for.
 ///

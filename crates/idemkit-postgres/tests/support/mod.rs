@@ -29,10 +29,9 @@ pub async fn pool() -> Option<PgPool> {
 pub async fn store() -> Option<PgStore> {
     let store = PgStore::builder()
         .schema("idemkit_test")
-        .unwrap()
         .table("records")
-        .unwrap()
-        .build(pool().await?);
+        .build(pool().await?)
+        .unwrap();
     store.migrate().await.expect("migrate");
     Some(store)
 }

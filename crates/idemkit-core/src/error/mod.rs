@@ -4,143 +4,15 @@ use std::error::Error as StdError;
 use std::fmt;
 use std::time::Duration;
 
-use crate::KeyError;
+mod kind;
+mod lease_lost;
+
+use crate::phase::Phase;
+pub use kind::{Disposition, ErrorKind};
+pub use lease_lost::LeaseLost;
+
+use crate::ident::KeyError;
 use crate::store::{BoxError, StoreError, StoreErrorKind};
-
-/// A phase of a call, for errors, metrics and spans.
-///
-/// # Example
-///
-/// ```
-/// use idemkit_core::Phase;
-///
-/// assert_eq!(Phase::Begin.as_str(), "begin");
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Phase {
-    /// Reserve, replay or report in flight.
-    Begin,
-    /// Waiting for another owner.
-    Wait,
-    /// The action itself.
-    Action,
-    /// Extending the lease.
-    Renew,
-    /// Storing the result.
-    Complete,
-    /// Deleting the reservation after an error.
-    Release,
-}
-
-impl Phase {
-    /// The phase's name, as used in metrics labels.
-    ///
-    /// # Example
-    ///
-    /// ```
-    /// # use idemkit_core::Phase;
-    /// assert_eq!(Phase::Complete.as_str(), "complete");
-    /// ```
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Phase::Begin => "begin",
-            Phase::Wait => "wait",
-            Phase::Action => "action",
-            Phase::Renew => "renew",
-            Phase::Complete => "complete",
-            Phase::Release => "release",
-        }
-    }
-}
-
-impl fmt::Display for Phase {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.pad(self.as_str())
-    }
-}
-
-/// What a call's error means for its caller, by kind. [`Error::disposition`] turns it into
-/// one decision for a transport, and [`Error::http_status`] into a status code.
-///
-/// # Example
-///
-/// ```
-/// use std::time::Duration;
-/// use idemkit_core::{Error, ErrorKind};
-///
-/// let e: Error<std::io::Error> = Error::in_flight(Duration::from_secs(2));
-/// assert_eq!(e.kind(), ErrorKind::InFlight);
-/// assert!(e.is_retryable());
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ErrorKind {
-    /// The operation, key or scope is invalid.
-    InvalidInput,
-    /// The call's policy cannot work (a zero TTL, a lease under 3 ms).
-    Config,
-    /// Another caller holds the key.
-    InFlight,
-    /// The key was used before for a different request.
-    KeyReused,
-    /// The action failed (now, or earlier and the failure was stored as permanent).
-    Action,
-    /// The action succeeded earlier but its result could not be kept.
-    ResultUnavailable,
-    /// A stored result does not decode.
-    Decode,
-    /// The store was unreachable or did not answer in time (fail-closed).
-    StoreUnavailable,
-    /// Any other store failure: a corrupt or foreign record, a refused request.
-    Store,
-}
-
-/// What a transport should do with the message or request whose call failed: the one
-/// decision every integration reads (queue and Kafka runners, the HTTP layer).
-///
-/// | error | disposition | HTTP status |
-/// |---|---|---|
-/// | [`Error::InvalidKey`] | `DeadLetter` | 400 |
-/// | [`Error::Config`] | `DeadLetter` | 500 |
-/// | [`Error::InFlight`] | `Retry { after: Some(retry_after) }` | 409 + `Retry-After` |
-/// | [`Error::KeyReused`] | `DeadLetter` | 422 |
-/// | [`Error::Action`] (key released) | `Retry { after: None }` | the action's own |
-/// | [`Error::ActionStored`], [`Error::ReplayedAction`] | `DeadLetter` | the action's own |
-/// | [`Error::ResultUnavailable`] | `Ack` (the effect happened) | 500 |
-/// | [`Error::Decode`] | `DeadLetter` | 500 |
-/// | [`Error::Store`], store unavailable | `Retry { after: None }` | 503 |
-/// | [`Error::Store`], phase `Complete`, lease lost (a [`Completer`](crate::Completer)'s transaction: the effect rolled back) | `Retry { after: None }` | 500 |
-/// | [`Error::Store`], any other store error | `DeadLetter` | 500 |
-///
-/// `Ack` means acknowledge (commit the offset): nothing is left to do. `Retry` means
-/// deliver again (requeue, nack with a delay, seek back) after `after` if given, else after
-/// the transport's own backoff. `DeadLetter` means retrying the same message cannot succeed:
-/// park it for a person (an HTTP server answers the error status).
-///
-/// # Example
-///
-/// ```
-/// use std::time::Duration;
-/// use idemkit_core::{Disposition, Error};
-///
-/// let e = Error::<std::io::Error>::in_flight(Duration::from_millis(300));
-/// assert_eq!(e.disposition(), Disposition::Retry { after: Some(Duration::from_millis(300)) });
-/// assert_eq!(Error::<std::io::Error>::KeyReused.disposition(), Disposition::DeadLetter);
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Disposition {
-    /// Acknowledge: the effect happened, nothing is left to do.
-    Ack,
-    /// Deliver again, after this long if given.
-    Retry {
-        /// When to come back, if the error says.
-        after: Option<Duration>,
-    },
-    /// Retrying cannot help: dead-letter (or answer the error, over HTTP).
-    DeadLetter,
-}
 
 /// Why a call did not return the action's value.
 ///
@@ -439,54 +311,6 @@ impl<E: StdError + 'static> StdError for Error<E> {
             Error::Store { source, .. } => Some(source),
             _ => None,
         }
-    }
-}
-
-/// An action's refusal to take an irreversible step because its lease is lost, or ends
-/// within the margin it asked for ([`Attempt::check_lease`](crate::Attempt::check_lease)):
-/// another caller may take the key over and run the effect, so this one stops. Return it
-/// from the action (with `?`: it converts into `std::io::Error`, `Box<dyn Error>` and
-/// `anyhow::Error`); the call then fails with [`Error::Action`] and the effect runs on the
-/// next delivery, or is already running elsewhere.
-///
-/// # Example
-///
-/// ```
-/// use std::time::Duration;
-/// use idemkit_core::{Attempt, LeaseLost};
-///
-/// // An unprotected attempt has no lease to lose.
-/// assert!(Attempt::unprotected().check_lease(Duration::from_secs(1)).is_ok());
-/// let e = LeaseLost::new(Duration::from_millis(3));
-/// assert_eq!(e.lease_left, Duration::from_millis(3));
-/// let io: std::io::Error = e.into();
-/// assert!(io.to_string().contains("lease"));
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "the lease on this key is lost or about to end ({} ms left): another caller may run this effect",
-    lease_left.as_millis()
-)]
-#[non_exhaustive]
-pub struct LeaseLost {
-    /// What was left of the lease, as the coordinator knows it (zero once it is lost).
-    pub lease_left: Duration,
-}
-
-impl LeaseLost {
-    /// One, with `lease_left` left.
-    ///
-    /// # Example
-    ///
-    /// See [`LeaseLost`].
-    pub fn new(lease_left: Duration) -> Self {
-        LeaseLost { lease_left }
-    }
-}
-
-impl From<LeaseLost> for std::io::Error {
-    fn from(e: LeaseLost) -> Self {
-        std::io::Error::other(e)
     }
 }
 

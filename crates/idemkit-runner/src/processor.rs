@@ -1,235 +1,16 @@
-//! What a queue or stream runner does with one delivery: the mapping every runner shares.
-//!
-//! A runner (Kafka, NATS JetStream, a job framework) receives a message, asks a
-//! [`Processor`] to run the user's handler under the coordinator, and gets back a
-//! [`Settlement`]: acknowledge, deliver again after a delay, or dead-letter. The mapping is
-//! the table below, read from [`Error::disposition`] and a [`RetryPolicy`]; every runner
-//! applies it the same way, so no user writes it again.
-//!
-//! | the call ended with | settlement | counts against `max_deliveries` |
-//! |---|---|---|
-//! | the action's value, fresh or replayed | `Ack` | - |
-//! | [`Error::ResultUnavailable`] (the effect happened, its result was not stored) | `Ack` | - |
-//! | [`Error::InFlight`] (reject mode, or a wait past `wait_timeout`: another worker holds the key) | `Retry` after the hint (a runner waits for the owner's key meanwhile) | no |
-//! | [`Error::Store`] with the store unavailable (fail-closed) | `Retry` after the backoff | no |
-//! | [`Error::Action`] (the handler failed, its key released) | `Retry` after the backoff, then `DeadLetter` | yes |
-//! | the key function failed ([`KeyError`]) | `DeadLetter` | - |
-//! | [`Error::KeyReused`], [`Error::ActionStored`], [`Error::ReplayedAction`], [`Error::Decode`], [`Error::Config`], any other store error | `DeadLetter` | - |
-//!
-//! A store outage and a concurrent duplicate are not the message's fault, so they never
-//! dead-letter it: the runner keeps retrying with the backoff (capped at
-//! [`RetryPolicy::backoff`]'s maximum). Only the handler's own failures use up the budget.
-//!
-//! # Example
-//!
-//! ```
-//! use std::time::Duration;
-//! use idemkit_core::consume::{Processor, RetryPolicy, Settlement};
-//! use idemkit_core::{Coordinator, Key, MemoryStore, Operation};
-//!
-//! # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
-//! let processor = Processor::new(
-//!     Coordinator::new(MemoryStore::new()),
-//!     Operation::new("mail.invoice")?,
-//!     // The effect's identity, from the message: the order's invoice, not the delivery.
-//!     |order: &String| Key::compose([order.as_str(), "invoice"]),
-//!     |order: String, _attempt| async move { Ok::<_, std::io::Error>(format!("em_{order}")) },
-//! )
-//! .retry(RetryPolicy::new().max_deliveries(3));
-//!
-//! let first = processor.process(&"order-9".to_string(), 1).await;
-//! let again = processor.process(&"order-9".to_string(), 1).await; // the producer's duplicate
-//! assert_eq!(first.settlement, Settlement::Ack);
-//! assert!(again.receipt.unwrap().is_replay());
-//!
-//! let blank = processor.process(&String::new(), 1).await; // no order id: no key
-//! assert!(matches!(blank.settlement, Settlement::DeadLetter { .. }));
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! # })?;
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! ```
+//! A user's handler under a coordinator: one delivery in, its [`Processed`] settlement out.
 
 use std::fmt;
 use std::time::Duration;
 
-use serde::Serialize;
-use serde::de::DeserializeOwned;
-
-use crate::{
-    Attempt, Coordinator, Disposition, Error, ErrorKind, InFlight, Key, KeyError, Operation,
-    Receipt, Store,
+use idemkit_core::{
+    Attempt, Coordinator, Error, ErrorKind, InFlight, Key, KeyError, Operation, Prepared, Receipt,
+    Source, Store,
 };
 
-/// What a runner does with one delivery.
-///
-/// # Example
-///
-/// ```
-/// use std::time::Duration;
-/// use idemkit_core::consume::Settlement;
-///
-/// let s = Settlement::Retry { after: Duration::from_millis(200) };
-/// assert!(!s.is_final());
-/// assert!(Settlement::Ack.is_final());
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Settlement {
-    /// Acknowledge (commit the offset, `ack`): the effect happened, now or earlier.
-    Ack,
-    /// Deliver again after `after` (nak with a delay, retry in place, requeue).
-    Retry {
-        /// How long to wait first.
-        after: Duration,
-    },
-    /// Retrying cannot help, or the handler's retries are used up: park the message (a
-    /// dead-letter topic, `term`, a user hook) and move on.
-    DeadLetter {
-        /// Why, in one line: goes into the dead-letter record.
-        reason: String,
-    },
-}
-
-impl Settlement {
-    /// Whether the delivery is done with: acknowledged or dead-lettered.
-    ///
-    /// # Example
-    ///
-    /// See [`Settlement`].
-    pub fn is_final(&self) -> bool {
-        !matches!(self, Settlement::Retry { .. })
-    }
-}
-
-/// How often a failing handler is retried, and how long to wait between tries.
-///
-/// The wait after the `n`-th failure is `initial * 2^(n-1)`, capped at `max`; no jitter
-/// (the broker's own redelivery spreads workers out). The defaults: 5 deliveries, 100 ms
-/// doubling to 30 s.
-///
-/// # Example
-///
-/// ```
-/// use std::time::Duration;
-/// use idemkit_core::consume::RetryPolicy;
-///
-/// let p = RetryPolicy::new().backoff(Duration::from_millis(100), Duration::from_secs(1));
-/// assert_eq!(p.delay(1), Duration::from_millis(100));
-/// assert_eq!(p.delay(3), Duration::from_millis(400));
-/// assert_eq!(p.delay(10), Duration::from_secs(1));
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RetryPolicy {
-    max_deliveries: u32,
-    initial: Duration,
-    max: Duration,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        RetryPolicy {
-            max_deliveries: 5,
-            initial: Duration::from_millis(100),
-            max: Duration::from_secs(30),
-        }
-    }
-}
-
-impl RetryPolicy {
-    /// The defaults: 5 deliveries, 100 ms doubling to 30 s.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// How many deliveries a failing handler gets before its message is dead-lettered
-    /// (at least 1: 1 means no retry).
-    pub fn max_deliveries(mut self, n: u32) -> Self {
-        self.max_deliveries = n.max(1);
-        self
-    }
-
-    /// The first wait and the cap.
-    pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
-        self.initial = initial;
-        self.max = max.max(initial);
-        self
-    }
-
-    /// The configured number of deliveries.
-    pub fn deliveries(&self) -> u32 {
-        self.max_deliveries
-    }
-
-    /// The wait after the `failures`-th failure (1-based).
-    pub fn delay(&self, failures: u32) -> Duration {
-        let doublings = failures.saturating_sub(1).min(31);
-        self.initial
-            .checked_mul(1u32 << doublings)
-            .map_or(self.max, |d| d.min(self.max))
-    }
-
-    /// The settlement of one delivery, from the call's result: the table in the
-    /// [module docs](self). `delivery` is this delivery's number, 1 for the first.
-    ///
-    /// # Example
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use idemkit_core::consume::{RetryPolicy, Settlement};
-    /// use idemkit_core::Error;
-    ///
-    /// let p = RetryPolicy::new().max_deliveries(2);
-    /// let failed: Result<(), _> = Err(Error::Action("smtp down"));
-    /// assert_eq!(p.settle(&failed, 1), Settlement::Retry { after: Duration::from_millis(100) });
-    /// assert!(matches!(p.settle(&failed, 2), Settlement::DeadLetter { reason } if reason.contains("smtp down")));
-    /// ```
-    pub fn settle<T, E: fmt::Display>(
-        &self,
-        result: &Result<T, Error<E>>,
-        delivery: u32,
-    ) -> Settlement {
-        let Err(error) = result else {
-            return Settlement::Ack;
-        };
-        match (error, error.disposition()) {
-            (_, Disposition::Ack) => Settlement::Ack,
-            (Error::InFlight { retry_after, .. }, _) => Settlement::Retry {
-                after: *retry_after,
-            },
-            (Error::Action(e), _) if delivery >= self.max_deliveries => Settlement::DeadLetter {
-                reason: format!(
-                    "the handler failed on delivery {delivery} of {}: {e}",
-                    self.max_deliveries
-                ),
-            },
-            (Error::Action(_), _) => Settlement::Retry {
-                after: self.delay(delivery),
-            },
-            // A store outage is not the message's fault: back off, never dead-letter.
-            (_, Disposition::Retry { after }) => Settlement::Retry {
-                after: after.unwrap_or_else(|| self.delay(delivery)),
-            },
-            (e, _) => Settlement::DeadLetter {
-                reason: dead_letter_reason(e),
-            },
-        }
-    }
-
-    /// The settlement of a message whose key function failed: dead-letter, never run
-    /// unprotected.
-    pub fn settle_key_error(&self, error: &KeyError) -> Settlement {
-        Settlement::DeadLetter {
-            reason: format!("the message names no valid effect key: {error}"),
-        }
-    }
-}
-
-fn dead_letter_reason<E: fmt::Display>(e: &Error<E>) -> String {
-    match e {
-        Error::ActionStored(inner) | Error::ReplayedAction(inner) => format!("{e}: {inner}"),
-        _ => e.to_string(),
-    }
-}
+use crate::handle::Handle;
+use crate::settlement::{RetryPolicy, Settlement};
+use crate::unwind;
 
 /// One delivery, processed: its settlement, and the call's receipt when the handler's value
 /// is known (fresh, replayed or unprotected).
@@ -246,7 +27,7 @@ pub struct Processed<T> {
 }
 
 /// A user's message handler under a coordinator: the effect identity from the message, the
-/// handler as the action, the settlement from the [table](self).
+/// handler as the action, the settlement from the [table](crate).
 ///
 /// `K: Fn(&M) -> Result<Key, KeyError>` names the effect a message asks for (keys name the
 /// effect, not the delivery: `order-9.invoice`, not the offset or message id). A key
@@ -258,7 +39,7 @@ pub struct Processed<T> {
 ///
 /// # Example
 ///
-/// See the [module docs](self).
+/// See the [crate docs](crate).
 pub struct Processor<S, K, H> {
     coordinator: Coordinator<S>,
     operation: Operation,
@@ -377,7 +158,7 @@ impl<S: Store, K, H> Processor<S, K, H> {
     /// # Example
     ///
     /// ```
-    /// use idemkit_core::consume::{Processor, Settlement};
+    /// use idemkit_runner::{Processor, Settlement};
     /// use idemkit_core::{Coordinator, Key, MemoryStore, Operation};
     ///
     /// # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
@@ -441,7 +222,7 @@ impl<S: Store, K, H> Processor<S, K, H> {
     /// for every message when the processor is unprotected). A runner that settles each
     /// message as soon as it is handled (and stores its offset then) uses these two instead
     /// of [`process_batch`](Processor::process_batch). A claim dropped unused is released.
-    pub async fn prepare<M>(&self, messages: &[M]) -> Vec<Option<crate::Prepared<S>>>
+    pub async fn prepare<M>(&self, messages: &[M]) -> Vec<Option<Prepared<S>>>
     where
         K: Fn(&M) -> Result<Key, KeyError>,
     {
@@ -468,7 +249,7 @@ impl<S: Store, K, H> Processor<S, K, H> {
     pub async fn process_prepared<M>(
         &self,
         message: &M,
-        prepared: Option<crate::Prepared<S>>,
+        prepared: Option<Prepared<S>>,
         delivery: u32,
     ) -> Processed<H::Output>
     where
@@ -550,7 +331,7 @@ impl<S: Store, K, H> Processor<S, K, H> {
         &self,
         message: &M,
         key: &Key,
-        prepared: Option<crate::Prepared<S>>,
+        prepared: Option<Prepared<S>>,
         delivery: u32,
     ) -> Processed<H::Output>
     where
@@ -568,8 +349,8 @@ impl<S: Store, K, H> Processor<S, K, H> {
         // A panicking handler is a failing handler (retried, then dead-lettered), never a
         // dead runner task; the coordinator has released its key.
         let result = match prepared {
-            Some(p) => crate::unwind::catch(call.prepared(p).run(action)).await,
-            None => crate::unwind::catch(call.run(action)).await,
+            Some(p) => unwind::catch(call.prepared(p).run(action)).await,
+            None => unwind::catch(call.run(action)).await,
         };
         match result {
             Ok(result) => self.settled(result, delivery),
@@ -579,7 +360,7 @@ impl<S: Store, K, H> Processor<S, K, H> {
 
     /// The settlement of a handler that panicked: a handler failure.
     fn panicked<T>(&self, panic: &(dyn std::any::Any + Send), delivery: u32) -> Processed<T> {
-        let message = crate::unwind::message(panic);
+        let message = unwind::message(panic);
         tracing::warn!(operation = %self.operation, panic = message, "the handler panicked");
         let failed: Result<Receipt<T>, Error<String>> =
             Err(Error::Action(format!("the handler panicked: {message}")));
@@ -592,12 +373,11 @@ impl<S: Store, K, H> Processor<S, K, H> {
         H: Handle<M>,
     {
         let handled =
-            crate::unwind::catch(self.handler.handle(message.clone(), Attempt::unprotected()))
-                .await;
+            unwind::catch(self.handler.handle(message.clone(), Attempt::unprotected())).await;
         match handled {
             Ok(result) => {
                 let result = result
-                    .map(|v| Receipt::new(v, crate::Source::Unprotected, None))
+                    .map(|v| Receipt::new(v, Source::Unprotected, None))
                     .map_err(Error::Action);
                 self.settled(result, delivery)
             }
@@ -626,50 +406,10 @@ impl<S: Store, K, H> Processor<S, K, H> {
     }
 }
 
-/// A message handler: what a [`Processor`] runs as the action. Implemented for every
-/// `Fn(M, Attempt) -> impl Future<Output = Result<T, E>>` whose value can be stored (JSON)
-/// and whose error can be shown (it goes into dead-letter records).
-///
-/// # Example
-///
-/// ```
-/// use idemkit_core::Attempt;
-/// use idemkit_core::consume::Handle;
-///
-/// fn assert_handler<H: Handle<String>>(_: &H) {}
-/// assert_handler(&|order: String, _: Attempt| async move { Ok::<_, std::io::Error>(order.len()) });
-/// ```
-pub trait Handle<M>: Send + Sync {
-    /// The handler's value, stored and replayed.
-    type Output: Serialize + DeserializeOwned + Send;
-    /// The handler's error.
-    type Error: fmt::Display + Send;
-    /// Handles one message.
-    fn handle(
-        &self,
-        message: M,
-        attempt: Attempt,
-    ) -> impl Future<Output = Result<Self::Output, Self::Error>> + Send;
-}
-
-impl<M, F, Fut, T, E> Handle<M> for F
-where
-    F: Fn(M, Attempt) -> Fut + Send + Sync,
-    Fut: Future<Output = Result<T, E>> + Send,
-    T: Serialize + DeserializeOwned + Send,
-    E: fmt::Display + Send,
-{
-    type Output = T;
-    type Error = E;
-    fn handle(&self, message: M, attempt: Attempt) -> impl Future<Output = Result<T, E>> + Send {
-        self(message, attempt)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::MemoryStore;
+    use idemkit_core::MemoryStore;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -707,8 +447,8 @@ mod tests {
             Settlement::DeadLetter { .. }
         ));
         let down = Error::Store {
-            phase: crate::Phase::Begin,
-            source: crate::StoreError::unavailable("refused"),
+            phase: idemkit_core::Phase::Begin,
+            source: idemkit_core::StoreError::unavailable("refused"),
         };
         assert!(matches!(s(Err(down), 99), Settlement::Retry { .. }));
         for e in [

@@ -128,7 +128,7 @@ pub struct Report {
 /// use idemkit_core::MemoryStore;
 ///
 /// # tokio::runtime::Builder::new_multi_thread().enable_time().build().unwrap().block_on(async {
-/// let report = idemkit_cli::demo::run(MemoryStore::new).await;
+/// let report = idemkit_demo::demo::run(MemoryStore::new).await;
 /// assert_eq!(report.crash[1].mails, 1); // keyed by job id: one mail despite the crash
 /// println!("{report}");
 /// # });

@@ -45,7 +45,7 @@ struct State<J> {
 ///
 /// ```
 /// use std::time::Duration;
-/// use idemkit_cli::queue::Queue;
+/// use idemkit_demo::queue::Queue;
 ///
 /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
 /// let queue = Queue::new(Duration::from_millis(10));

@@ -164,7 +164,7 @@ pub struct ConsumerTable {
 /// # Example
 ///
 /// ```
-/// use idemkit_cli::consumer::{self, MemoryDb};
+/// use idemkit_demo::consumer::{self, MemoryDb};
 /// use idemkit_core::MemoryStore;
 ///
 /// # tokio::runtime::Builder::new_multi_thread().enable_time().build().unwrap().block_on(async {
