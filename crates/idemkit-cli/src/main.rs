@@ -102,19 +102,10 @@ enum Command {
     },
 }
 
-fn main() -> ExitCode {
+// Two worker threads: an operator's command is one walk of the store at a time.
+#[tokio::main(worker_threads = 2)]
+async fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build();
-    let runtime = match runtime {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("idemkit: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
     match cli.command {
         Command::Demo { .. } => {
             eprintln!(
@@ -122,28 +113,20 @@ fn main() -> ExitCode {
             );
             ExitCode::from(2)
         }
-        Command::Inspect { store, record } => {
-            runtime.block_on(ops::inspect(&store, &record)).into()
-        }
+        Command::Inspect { store, record } => ops::inspect(&store, &record).await.into(),
         Command::Release {
             store,
             record,
             force,
-        } => runtime
-            .block_on(ops::release(&store, &record, force))
-            .into(),
+        } => ops::release(&store, &record, force).await.into(),
         Command::List {
             store,
             filter,
             limit,
             json,
-        } => runtime
-            .block_on(listing::list(&store, &filter, limit, json))
-            .into(),
-        Command::Purge { store, args } => runtime.block_on(listing::purge(&store, &args)).into(),
-        Command::Stats { store, soon, json } => {
-            runtime.block_on(listing::stats(&store, soon, json)).into()
-        }
-        Command::Serve { store, args } => runtime.block_on(serve::serve(&store, &args)).into(),
+        } => listing::list(&store, &filter, limit, json).await.into(),
+        Command::Purge { store, args } => listing::purge(&store, &args).await.into(),
+        Command::Stats { store, soon, json } => listing::stats(&store, soon, json).await.into(),
+        Command::Serve { store, args } => serve::serve(&store, &args).await.into(),
     }
 }

@@ -19,6 +19,14 @@ fn request(key: &str, body: &'static str) -> Request<Full<Bytes>> {
         .unwrap()
 }
 
+/// One request through `svc`, once it is ready.
+async fn send<Svc>(svc: &mut Svc, req: Request<Full<Bytes>>) -> Response<Full<Bytes>>
+where
+    Svc: Service<Request<Full<Bytes>>, Response = Response<Full<Bytes>>, Error = Infallible>,
+{
+    svc.ready().await.unwrap().call(req).await.unwrap()
+}
+
 async fn text(resp: Response<Full<Bytes>>) -> String {
     String::from_utf8(
         resp.into_body()
@@ -55,35 +63,17 @@ async fn a_full_bytes_service_runs_once_per_key_and_gives_back_its_inner_service
     .unwrap();
     let mut svc: Idempotency<_, MemoryStore> = layer.layer(inner);
 
-    let first = svc
-        .ready()
-        .await
-        .unwrap()
-        .call(request("k-1", "10"))
-        .await
-        .unwrap();
+    let first = send(&mut svc, request("k-1", "10")).await;
     assert_eq!(first.status(), StatusCode::CREATED);
     assert_eq!(text(first).await, "charge 1 for 10");
-    let again = svc
-        .ready()
-        .await
-        .unwrap()
-        .call(request("k-1", "10"))
-        .await
-        .unwrap();
+    let again = send(&mut svc, request("k-1", "10")).await;
     assert_eq!(again.headers().get(REPLAYED).unwrap(), "true");
     assert_eq!(
         text(again).await,
         "charge 1 for 10",
         "replayed, not run again"
     );
-    let reused = svc
-        .ready()
-        .await
-        .unwrap()
-        .call(request("k-1", "99"))
-        .await
-        .unwrap();
+    let reused = send(&mut svc, request("k-1", "99")).await;
     assert_eq!(reused.status(), StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 
