@@ -425,3 +425,80 @@ async fn a_transaction_that_is_not_read_committed_is_refused_before_anything_is_
         assert_eq!(support::ledger_rows(store.pool(), &order).await, 1);
     }
 }
+
+/// A delivery's effect beside its permanent failure: an audit row, then the card declined.
+async fn declined(
+    conn: &mut PgConnection,
+    order: String,
+    runs: Arc<AtomicUsize>,
+) -> Result<i64, String> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    credit(conn, &order).await.map_err(|e| e.to_string())?;
+    Err("card declined".to_string())
+}
+
+/// The transactional call with `store_errors` set on the call (the one `run`, issue 21): a
+/// permanent failure is stored in the caller's transaction, so it commits with the
+/// transaction's own writes and a redelivery replays it; a transaction that rolls back
+/// takes the stored failure with it, and the next delivery runs again (after the lease of
+/// the reservation, which was committed outside the transaction).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permanent_error_is_stored_in_the_transaction_and_goes_with_it() {
+    let Some((store, _)) = setup().await else {
+        return;
+    };
+    let c = Coordinator::builder(store.clone())
+        .policy(Policy::default().lease(Duration::from_millis(500)))
+        .build();
+    let order = support::order("declined");
+    let key = Key::new(&order).unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let attempt = |commit: bool| {
+        let (store, c, key, order, runs) = (
+            store.clone(),
+            c.clone(),
+            key.clone(),
+            order.clone(),
+            runs.clone(),
+        );
+        async move {
+            let mut tx = store.pool().begin().await.unwrap();
+            let out = c
+                .call(&op(), &key)
+                .store_errors(|e: &String| e.starts_with("card"))
+                .in_transaction(&mut tx)
+                .run(move |conn, _| Box::pin(declined(conn, order, runs)))
+                .await;
+            if commit {
+                tx.commit().await.unwrap();
+            } else {
+                tx.rollback().await.unwrap();
+            }
+            out
+        }
+    };
+    // Rolled back: the failure and the row go; the next delivery runs again.
+    let first = attempt(false).await;
+    assert!(
+        matches!(first, Err(Error::ActionStored(ref e)) if e == "card declined"),
+        "{first:?}"
+    );
+    assert_eq!(support::ledger_rows(store.pool(), &order).await, 0);
+    // Committed: the failure is stored with the row.
+    let second = attempt(true).await;
+    assert!(matches!(second, Err(Error::ActionStored(_))), "{second:?}");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "the rolled-back delivery ran again"
+    );
+    assert_eq!(support::ledger_rows(store.pool(), &order).await, 1);
+    // A redelivery replays the stored failure without running.
+    let third = attempt(true).await;
+    assert!(
+        matches!(third, Err(Error::ReplayedAction(ref e)) if e == "card declined"),
+        "{third:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_eq!(support::ledger_rows(store.pool(), &order).await, 1);
+}
