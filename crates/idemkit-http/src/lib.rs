@@ -1,7 +1,7 @@
 //! The `Idempotency-Key` header for tower and axum, on idemkit's coordinator.
 //!
 //! [`IdempotencyLayer`] wraps an axum `Router`, or any tower `Service<Request<B>>` whose
-//! request and response bodies are `http_body::Body + From<Bytes>` (axum's `Body`, hyper's
+//! request and response bodies are `http_body::Body + From<Bytes>` (axum's `Body`, http-body-util's
 //! `Full<Bytes>`...): the service it makes is [`Idempotency`]. On the
 //! configured methods (POST and PATCH by default) a request with an `Idempotency-Key` header
 //! runs the handler at most once per (scope, key): the response (status, an allowlist of
