@@ -32,6 +32,9 @@ pub(crate) struct LeaseState {
     /// was *sent*, plus the lease (the store's clock started no earlier than that). Moved
     /// back to the moment of loss when the lease is lost.
     confirmed_until: Mutex<Instant>,
+    /// The same end, never moved back: when the owner stops counting on its lease
+    /// (`max_hold`), the store still holds it until then, and a completion may still land.
+    held_until: Mutex<Instant>,
     changed: Notify,
 }
 
@@ -41,6 +44,7 @@ impl LeaseState {
             lost: AtomicBool::new(false),
             completing: AtomicBool::new(false),
             confirmed_until: Mutex::new(confirmed_until),
+            held_until: Mutex::new(confirmed_until),
             changed: Notify::new(),
         }
     }
@@ -60,12 +64,20 @@ impl LeaseState {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn confirm(&self, until: Instant) {
-        let mut at = self
-            .confirmed_until
+    /// The end of the lease the store last confirmed, even once the owner stopped counting
+    /// on it.
+    fn held_until(&self) -> Instant {
+        *self
+            .held_until
             .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        *at = (*at).max(until);
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn confirm(&self, until: Instant) {
+        for end in [&self.confirmed_until, &self.held_until] {
+            let mut at = end.lock().unwrap_or_else(PoisonError::into_inner);
+            *at = (*at).max(until);
+        }
     }
 
     pub(crate) fn lose(&self) {
@@ -276,14 +288,12 @@ impl<S: Store> Keeper<'_, S> {
             }
             op.metrics().store_error(Phase::Complete);
             let at = now();
-            let last = self
-                .state
-                .confirmed_until()
-                .checked_sub(margin)
-                .unwrap_or(at);
+            // Until the end the store confirmed, also when the owner stopped counting on it
+            // (an action past `max_hold`): the store holds the lease until then, and a stored
+            // result spares a duplicate run after it.
+            let last = self.state.held_until().checked_sub(margin).unwrap_or(at);
             let retry_at = after(at, backoff).min(last);
             if !e.is_unavailable()
-                || self.state.lost.load(Ordering::SeqCst)
                 || retry_at <= at
                 // A store that renews but never completes: bounded like a hung action.
                 || at.duration_since(since) >= self.policy.max_hold

@@ -1,0 +1,435 @@
+//! The store under simulation: a `MemoryStore` behind a wrapper that, from the run's seed,
+//! delays each call, fails it before it reaches the store, loses its reply after the store
+//! applied it, applies it after its caller gave up, takes the store down for a while, and
+//! makes it forget everything. It writes down what the store really did (the log the
+//! checker reads), independently of what the callers were told.
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use idemkit_core::store::{BeginRequest, Claim, CompleteRequest, Ownership};
+use idemkit_core::{
+    FencingToken, MemoryStore, RawStore, Record, RecordState, StorageKey, Store, StoreError,
+};
+use tokio::time::Instant;
+
+/// How often each fault happens, drawn per run from its seed.
+#[derive(Debug, Clone, Copy)]
+pub struct Faults {
+    /// Probability that a call is delayed before it reaches the store, and the longest delay.
+    pub delay: (f64, Duration),
+    /// Probability that a call fails (`Unavailable`) before it reaches the store.
+    pub fail_before: f64,
+    /// Probability that the store applies a call and its reply is lost (`Unavailable`).
+    pub lose_reply: f64,
+    /// Probability that a call reaches the store late, after up to this long, whether or
+    /// not its caller still waits (a request still on the wire).
+    pub apply_late: (f64, Duration),
+    /// Probability per call that the store goes down for up to this long (it keeps its data).
+    pub outage: (f64, Duration),
+    /// Probability per call that the store restarts and forgets every record.
+    pub forget: f64,
+}
+
+impl Faults {
+    /// No faults at all.
+    pub const NONE: Faults = Faults {
+        delay: (0.0, Duration::ZERO),
+        fail_before: 0.0,
+        lose_reply: 0.0,
+        apply_late: (0.0, Duration::ZERO),
+        outage: (0.0, Duration::ZERO),
+        forget: 0.0,
+    };
+}
+
+/// What the store really did (not what its callers were told), in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreEvent {
+    /// A `begin` applied that reserved the key under a new fencing token; `seq` orders it
+    /// against the effects (many things happen at one instant of paused time).
+    Granted {
+        key: String,
+        fencing: u64,
+        at: Duration,
+        seq: u64,
+    },
+    /// A caller was answered `Ok` for a `begin` (reserved) or a `renew` it sent at `sent`
+    /// asking for `lease`: its lease is confirmed until `sent + lease`.
+    Confirmed {
+        key: String,
+        fencing: u64,
+        until: Duration,
+    },
+    /// A `complete` applied.
+    Completed {
+        key: String,
+        fencing: u64,
+        at: Duration,
+    },
+    /// A `release` applied.
+    Released {
+        key: String,
+        fencing: u64,
+        at: Duration,
+    },
+    /// A write applied for an ownership that was not the record's: a stale writer accepted.
+    StaleAccepted {
+        key: String,
+        fencing: u64,
+        what: &'static str,
+        at: Duration,
+    },
+    /// A write the store refused: its owner no longer held the key.
+    Refused {
+        key: String,
+        fencing: u64,
+        what: &'static str,
+        at: Duration,
+    },
+    /// The store restarted and forgot every record.
+    Forgot { at: Duration },
+}
+
+struct Shared {
+    inner: MemoryStore,
+    rng: Mutex<fastrand::Rng>,
+    faults: Faults,
+    start: Instant,
+    down_until: Mutex<Option<Instant>>,
+    log: Mutex<Vec<StoreEvent>>,
+    keys: Mutex<BTreeSet<String>>,
+    granted: Mutex<BTreeSet<(String, u64)>>,
+    seq: std::sync::atomic::AtomicU64,
+}
+
+/// The fault-injecting store. Cheap to clone.
+#[derive(Clone)]
+pub struct SimStore {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for SimStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimStore")
+            .field("faults", &self.shared.faults)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What happens to one call.
+enum Fate {
+    Deliver,
+    FailBefore,
+    LoseReply,
+    Late(Duration),
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl SimStore {
+    /// A store with `faults`, drawing from `rng` (seeded by the run).
+    pub fn new(faults: Faults, rng: fastrand::Rng, start: Instant) -> Self {
+        SimStore {
+            shared: Arc::new(Shared {
+                inner: MemoryStore::new(),
+                rng: Mutex::new(rng),
+                faults,
+                start,
+                down_until: Mutex::new(None),
+                log: Mutex::new(Vec::new()),
+                keys: Mutex::new(BTreeSet::new()),
+                granted: Mutex::new(BTreeSet::new()),
+                seq: std::sync::atomic::AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// The next number of the run's one sequence (store grants and effects share it).
+    pub fn tick(&self) -> u64 {
+        self.shared
+            .seq
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// What the store did, so far.
+    pub fn log(&self) -> Vec<StoreEvent> {
+        lock(&self.shared.log).clone()
+    }
+
+    fn since_start(&self) -> Duration {
+        Instant::now() - self.shared.start
+    }
+
+    fn note(&self, event: StoreEvent) {
+        lock(&self.shared.log).push(event);
+    }
+
+    fn chance(&self, p: f64) -> bool {
+        p > 0.0 && lock(&self.shared.rng).f64() < p
+    }
+
+    fn upto(&self, max: Duration) -> Duration {
+        let ms = u64::try_from(max.as_millis()).unwrap_or(u64::MAX);
+        Duration::from_millis(lock(&self.shared.rng).u64(0..=ms))
+    }
+
+    /// Draws this call's delay and fate, and the store-wide events it triggers.
+    async fn plan(&self) -> Fate {
+        let f = self.shared.faults;
+        if self.chance(f.delay.0) {
+            tokio::time::sleep(self.upto(f.delay.1)).await;
+        }
+        if self.chance(f.forget) {
+            self.forget().await;
+        }
+        if self.chance(f.outage.0) {
+            let until = Instant::now() + self.upto(f.outage.1);
+            let mut down = lock(&self.shared.down_until);
+            *down = Some(down.map_or(until, |d| d.max(until)));
+        }
+        let down = lock(&self.shared.down_until).is_some_and(|d| Instant::now() < d);
+        if down || self.chance(f.fail_before) {
+            Fate::FailBefore
+        } else if self.chance(f.lose_reply) {
+            Fate::LoseReply
+        } else if self.chance(f.apply_late.0) {
+            Fate::Late(self.upto(f.apply_late.1))
+        } else {
+            Fate::Deliver
+        }
+    }
+
+    /// The store restarts without its data: every record is gone. Fencing tokens keep
+    /// growing (as Redis' clock-based and PostgreSQL's sequence-based tokens do).
+    async fn forget(&self) {
+        let keys: Vec<String> = lock(&self.shared.keys).iter().cloned().collect();
+        for key in keys {
+            if let Some(key) = StorageKey::parse(&key)
+                .map(|(op, scope, k)| StorageKey::new(&op, scope.as_ref(), &k))
+            {
+                let _ = self.shared.inner.purge(&key).await;
+            }
+        }
+        self.note(StoreEvent::Forgot {
+            at: self.since_start(),
+        });
+    }
+
+    /// The record's fencing token and state right now (MemoryStore answers at once).
+    async fn current(&self, key: &StorageKey) -> Option<(FencingToken, RecordState)> {
+        match self.shared.inner.get(key).await {
+            Ok(Some(Record { fencing, state, .. })) => Some((fencing, state)),
+            _ => None,
+        }
+    }
+
+    /// Runs `op` against the store under this call's fate; `apply` logs what the store did.
+    async fn call<T, F, Fut>(&self, op: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(SimStore) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, StoreError>> + Send + 'static,
+    {
+        match self.plan().await {
+            Fate::FailBefore => Err(StoreError::unavailable("sim: the store is unreachable")),
+            Fate::Deliver => op(self.clone()).await,
+            Fate::LoseReply => {
+                let _ = op(self.clone()).await;
+                Err(StoreError::unavailable("sim: the reply was lost"))
+            }
+            Fate::Late(after) => {
+                // On the wire: applied even if the caller stops waiting.
+                let store = self.clone();
+                let late = tokio::spawn(async move {
+                    tokio::time::sleep(after).await;
+                    op(store).await
+                });
+                match late.await {
+                    Ok(answer) => answer,
+                    Err(e) => Err(StoreError::unavailable(e.to_string())),
+                }
+            }
+        }
+    }
+
+    /// Notes a write the store refused for a lost lease; passes the answer on.
+    fn refused(
+        &self,
+        key: &StorageKey,
+        ownership: &Ownership,
+        what: &'static str,
+        answer: Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        if answer.as_ref().is_err_and(StoreError::is_lease_lost) {
+            self.note(StoreEvent::Refused {
+                key: key.as_str().to_owned(),
+                fencing: ownership.fencing.get(),
+                what,
+                at: self.since_start(),
+            });
+        }
+        answer
+    }
+
+    /// A write by `ownership` that the store accepted: stale if the record it applied to
+    /// was another owner's.
+    fn check_owner(
+        &self,
+        key: &StorageKey,
+        ownership: &Ownership,
+        before: Option<(FencingToken, RecordState)>,
+        what: &'static str,
+    ) {
+        if before.is_none_or(|(fencing, _)| fencing != ownership.fencing) {
+            self.note(StoreEvent::StaleAccepted {
+                key: key.as_str().to_owned(),
+                fencing: ownership.fencing.get(),
+                what,
+                at: self.since_start(),
+            });
+        }
+    }
+}
+
+impl SimStore {
+    /// One `begin`, sent at `sent` (for a batch: when the batch was sent, which is what its
+    /// callers count their leases from).
+    async fn begin_sent(
+        &self,
+        req: &BeginRequest<'_>,
+        sent: Duration,
+    ) -> Result<Claim, StoreError> {
+        let key = req.key.clone();
+        lock(&self.shared.keys).insert(key.as_str().to_owned());
+        let (owner, lease, fingerprint) = (req.owner, req.lease, req.fingerprint);
+        let claim = self
+            .call(move |s| async move {
+                let req = BeginRequest::new(&key, owner, lease).with_fingerprint(fingerprint);
+                let claim = s.shared.inner.begin(&req).await?;
+                if let Claim::Reserved { ownership, .. } = &claim {
+                    let id = (key.as_str().to_owned(), ownership.fencing.get());
+                    if lock(&s.shared.granted).insert(id.clone()) {
+                        s.note(StoreEvent::Granted {
+                            key: id.0,
+                            fencing: id.1,
+                            at: s.since_start(),
+                            seq: s.tick(),
+                        });
+                    }
+                }
+                Ok(claim)
+            })
+            .await?;
+        if let Claim::Reserved { ownership, .. } = &claim {
+            self.note(StoreEvent::Confirmed {
+                key: req.key.as_str().to_owned(),
+                fencing: ownership.fencing.get(),
+                until: sent + req.lease,
+            });
+        }
+        Ok(claim)
+    }
+}
+
+impl Store for SimStore {
+    async fn begin(&self, req: &BeginRequest<'_>) -> Result<Claim, StoreError> {
+        self.begin_sent(req, self.since_start()).await
+    }
+
+    async fn begin_many(&self, reqs: &[BeginRequest<'_>]) -> Vec<Result<Claim, StoreError>> {
+        let sent = self.since_start();
+        let mut claims = Vec::with_capacity(reqs.len());
+        for req in reqs {
+            claims.push(self.begin_sent(req, sent).await);
+        }
+        claims
+    }
+
+    async fn renew(
+        &self,
+        key: &StorageKey,
+        ownership: &Ownership,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        let sent = self.since_start();
+        let (k, o) = (key.clone(), *ownership);
+        self.call(move |s| async move {
+            let before = s.current(&k).await;
+            s.refused(&k, &o, "renew", s.shared.inner.renew(&k, &o, lease).await)?;
+            s.check_owner(&k, &o, before, "renew");
+            Ok(())
+        })
+        .await?;
+        self.note(StoreEvent::Confirmed {
+            key: key.as_str().to_owned(),
+            fencing: ownership.fencing.get(),
+            until: sent + lease,
+        });
+        Ok(())
+    }
+
+    async fn complete(
+        &self,
+        key: &StorageKey,
+        ownership: &Ownership,
+        request: &CompleteRequest,
+    ) -> Result<(), StoreError> {
+        let (k, o, r) = (key.clone(), *ownership, request.clone());
+        self.call(move |s| async move {
+            let before = s.current(&k).await;
+            s.refused(
+                &k,
+                &o,
+                "complete",
+                s.shared.inner.complete(&k, &o, &r).await,
+            )?;
+            s.check_owner(&k, &o, before, "complete");
+            s.note(StoreEvent::Completed {
+                key: k.as_str().to_owned(),
+                fencing: o.fencing.get(),
+                at: s.since_start(),
+            });
+            Ok(())
+        })
+        .await
+    }
+
+    async fn release(&self, key: &StorageKey, ownership: &Ownership) -> Result<(), StoreError> {
+        let (k, o) = (key.clone(), *ownership);
+        self.call(move |s| async move {
+            let before = s.current(&k).await;
+            s.refused(&k, &o, "release", s.shared.inner.release(&k, &o).await)?;
+            s.check_owner(&k, &o, before, "release");
+            s.note(StoreEvent::Released {
+                key: k.as_str().to_owned(),
+                fencing: o.fencing.get(),
+                at: s.since_start(),
+            });
+            Ok(())
+        })
+        .await
+    }
+
+    async fn wait(
+        &self,
+        key: &StorageKey,
+        seen: FencingToken,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
+        if matches!(self.plan().await, Fate::FailBefore) {
+            return Err(StoreError::unavailable("sim: the store is unreachable"));
+        }
+        self.shared.inner.wait(key, seen, timeout).await
+    }
+
+    async fn get(&self, key: &StorageKey) -> Result<Option<Record>, StoreError> {
+        let k = key.clone();
+        self.call(move |s| async move { s.shared.inner.get(&k).await })
+            .await
+    }
+}
