@@ -117,11 +117,12 @@ pub fn check(h: &History) -> Result<Tally, Violation> {
     }
     let policy = h.setup.policy;
     // Per key: (fencing, time, sequence) of every grant.
-    let mut grants: BTreeMap<&str, Vec<(u64, Duration, u64)>> = BTreeMap::new();
-    let mut completions: BTreeMap<(&str, u64), Duration> = BTreeMap::new();
+    let mut grants: BTreeMap<&str, Vec<(u64, Duration, u64, Duration)>> = BTreeMap::new();
+    // (handed to the store at, answered at) of each completion: it applied in between.
+    let mut completions: BTreeMap<(&str, u64), (Duration, Duration)> = BTreeMap::new();
     let mut releases: BTreeMap<(&str, u64), Duration> = BTreeMap::new();
     let mut confirmed: BTreeMap<(&str, u64), Duration> = BTreeMap::new();
-    let mut forgotten: Vec<Duration> = Vec::new();
+    let mut forgotten: Vec<(Duration, Duration)> = Vec::new();
     for e in &h.store {
         match e {
             StoreEvent::StaleAccepted {
@@ -136,14 +137,27 @@ pub fn check(h: &History) -> Result<Tally, Violation> {
             StoreEvent::Granted {
                 key,
                 fencing,
+                sent,
                 at,
                 seq,
-            } => grants.entry(key).or_default().push((*fencing, *at, *seq)),
-            StoreEvent::Completed { key, fencing, at } => {
-                completions.entry((key, *fencing)).or_insert(*at);
+            } => grants
+                .entry(key)
+                .or_default()
+                .push((*fencing, *at, *seq, *sent)),
+            StoreEvent::Completed {
+                key,
+                fencing,
+                sent,
+                at,
+            } => {
+                completions.entry((key, *fencing)).or_insert((*sent, *at));
             }
-            StoreEvent::Released { key, fencing, at } => {
-                releases.entry((key, *fencing)).or_insert(*at);
+            // A release counts from when it was handed to the store (a reply can come back
+            // after a later call's, from a busy server).
+            StoreEvent::Released {
+                key, fencing, sent, ..
+            } => {
+                releases.entry((key, *fencing)).or_insert(*sent);
             }
             StoreEvent::Confirmed {
                 key,
@@ -153,23 +167,29 @@ pub fn check(h: &History) -> Result<Tally, Violation> {
                 let c = confirmed.entry((key, *fencing)).or_default();
                 *c = (*c).max(*until);
             }
-            StoreEvent::Forgot { at } => forgotten.push(*at),
+            StoreEvent::Forgot { from, at } => forgotten.push((*from, *at)),
             StoreEvent::Refused { .. } => {}
         }
     }
-    let forgot_between =
-        |from: Duration, to: Duration| forgotten.iter().any(|&t| t >= from && t <= to);
+    // A forgetting that may have touched the key between `from` and `to`.
+    let forgot_between = |from: Duration, to: Duration| {
+        forgotten
+            .iter()
+            .any(|&(start, end)| end >= from && start <= to)
+    };
 
     // Once completed, never reserved again (the TTL is an hour: longer than any run).
     for (key, list) in &grants {
-        for &(completed, _, _) in list {
-            let Some(&tc) = completions.get(&(*key, completed)) else {
+        for &(completed, _, _, _) in list {
+            // Reserved again for sure after the completion: handed to the store after the
+            // completion's answer came back.
+            let Some(&(_, tc)) = completions.get(&(*key, completed)) else {
                 continue;
             };
             let again = list
                 .iter()
-                .find(|&&(f, tg, _)| f > completed && tg > tc && !forgot_between(tc, tg));
-            if let Some(&(granted, _, _)) = again {
+                .find(|&&(f, _, _, sent)| f > completed && sent > tc && !forgot_between(tc, sent));
+            if let Some(&(granted, _, _, _)) = again {
                 return Err(Violation::ReservedAfterCompletion {
                     key: (*key).to_owned(),
                     completed,
@@ -185,7 +205,7 @@ pub fn check(h: &History) -> Result<Tally, Violation> {
             continue;
         };
         let own = list.iter().find(|g| g.0 == e.fencing).map(|g| g.1);
-        if let Some(&(newer, _, _)) = list.iter().find(|&&(f, _, seq)| {
+        if let Some(&(newer, _, _, _)) = list.iter().find(|&&(f, _, seq, _)| {
             f > e.fencing && seq < e.seq && !own.is_some_and(|t0| forgot_between(t0, e.at))
         }) {
             return Err(Violation::EffectOutsideLease {
@@ -246,7 +266,14 @@ pub fn check(h: &History) -> Result<Tally, Violation> {
                 .map_or(a.started, |g| g.1);
             forgot_between(own, a.at) || list.iter().any(|g| g.0 > fencing && g.1 <= a.at)
         });
-        check_answer(a, &policy, &completions, &confirmed, superseded)?;
+        check_answer(
+            a,
+            &policy,
+            &completions,
+            &confirmed,
+            superseded,
+            h.real_time,
+        )?;
     }
 
     // Duplicates, by the window that explains each.
@@ -278,10 +305,17 @@ pub fn check(h: &History) -> Result<Tally, Violation> {
 fn check_answer(
     a: &Answer,
     policy: &idemkit_core::Policy,
-    completions: &BTreeMap<(&str, u64), Duration>,
+    completions: &BTreeMap<(&str, u64), (Duration, Duration)>,
     confirmed: &BTreeMap<(&str, u64), Duration>,
     superseded: bool,
+    real_time: bool,
 ) -> Result<(), Violation> {
+    // In real time a task can be scheduled late by the machine: allow for it.
+    let slack = if real_time {
+        Duration::from_millis(25)
+    } else {
+        Duration::from_millis(1)
+    };
     let lease = policy.lease;
     match &a.outcome {
         Outcome::Panicked(message) if message != DELIBERATE => {
@@ -294,7 +328,8 @@ fn check_answer(
             let expected = format!("{}#{fencing}", a.key);
             let stored = completions
                 .get(&(a.key.as_str(), *fencing))
-                .is_some_and(|&tc| tc <= a.at);
+                // Handed to the store before this answer (applied no later than answered).
+                .is_some_and(|&(sent, _)| sent <= a.at);
             if *value != expected || !stored {
                 return Err(Violation::WrongReplay {
                     caller: a.caller,
@@ -310,7 +345,8 @@ fn check_answer(
         } => {
             let stored = completions
                 .get(&(a.key.as_str(), *fencing))
-                .is_some_and(|&tc| tc <= a.at);
+                // Handed to the store before this answer (applied no later than answered).
+                .is_some_and(|&(sent, _)| sent <= a.at);
             if !stored {
                 return Err(Violation::FreshNotStored {
                     caller: a.caller,
@@ -326,7 +362,7 @@ fn check_answer(
             // The last try goes out at the confirmed end minus min(lease/20, 50 ms), unless
             // the completion was retried for `max_hold` (a store that renews but never
             // completes is bounded like a hung action).
-            let margin = (lease / 20).min(Duration::from_millis(50)) + Duration::from_millis(1);
+            let margin = (lease / 20).min(Duration::from_millis(50)) + slack;
             let until = confirmed
                 .get(&(a.key.as_str(), *fencing))
                 .copied()
@@ -350,7 +386,7 @@ fn check_answer(
         } else {
             Duration::ZERO
         };
-        let bound = waits + policy.store_timeout * 3 + Duration::from_millis(2);
+        let bound = waits + policy.store_timeout * 3 + slack * 2;
         let took = a.at - a.started;
         if took > bound {
             return Err(Violation::WaitedTooLong {

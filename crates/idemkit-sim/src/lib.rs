@@ -34,5 +34,8 @@ mod scenario;
 mod store;
 
 pub use check::{Tally, Violation, Window, check};
-pub use scenario::{Answer, DELIBERATE, Effect, History, Outcome, Setup, run, setup};
+pub use scenario::{
+    Answer, DELIBERATE, Effect, History, Outcome, Setup, quiet_deliberate_panics, run, run_on,
+    setup,
+};
 pub use store::{Faults, SimStore, StoreEvent};

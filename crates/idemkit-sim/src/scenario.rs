@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use idemkit_core::store::{CompleteRequest, Ownership};
 use idemkit_core::{
-    Attempt, Completer, Coordinator, Error, InFlight, Key, OnCancel, Operation, Policy, Source,
-    StorageKey, Store, StoreError,
+    Attempt, Completer, Coordinator, Error, InFlight, Key, OnCancel, Operation, Policy, RawStore,
+    Source, StorageKey, Store, StoreError,
 };
 use tokio::time::Instant;
 
@@ -17,6 +17,21 @@ use crate::store::{Faults, SimStore, StoreEvent};
 
 /// The panic message of the actions that panic on purpose.
 pub const DELIBERATE: &str = "sim: the action panicked on purpose";
+
+/// Keeps the actions' own panics (expected by the run) out of the output; other panics are
+/// printed as usual.
+pub fn quiet_deliberate_panics() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let deliberate = info
+            .payload()
+            .downcast_ref::<String>()
+            .is_some_and(|m| m == DELIBERATE);
+        if !deliberate {
+            default(info);
+        }
+    }));
+}
 
 /// An effect an action performed: a mail sent, a row written.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,6 +90,8 @@ pub struct History {
     pub answers: Vec<Answer>,
     /// Callers that had not answered when the run's time ran out.
     pub unfinished: Vec<usize>,
+    /// Run against a server in real time (timings carry scheduling noise).
+    pub real_time: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -83,6 +100,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 fn ms(rng: &mut fastrand::Rng, lo: u64, hi: u64) -> Duration {
     Duration::from_millis(rng.u64(lo..=hi))
+}
+
+/// `IDEMKIT_SIM_FORGET=0`: no run makes its store forget (to tell a lost record from the
+/// faults that explain one).
+fn no_forgetting() -> bool {
+    std::env::var("IDEMKIT_SIM_FORGET").is_ok_and(|v| v == "0")
 }
 
 /// The settings of `seed`.
@@ -110,7 +133,11 @@ pub fn setup(seed: u64) -> Setup {
             lose_reply: rng.f64() * 0.1,
             apply_late: (rng.f64() * 0.05, ms(&mut rng, 0, lease_ms)),
             outage: (rng.f64() * 0.02, ms(&mut rng, 0, lease_ms * 2)),
-            forget: if rng.u8(..) < 16 { 0.002 } else { 0.0 },
+            forget: if rng.u8(..) < 16 && !no_forgetting() {
+                0.002
+            } else {
+                0.0
+            },
         }
     };
     Setup {
@@ -123,9 +150,9 @@ pub fn setup(seed: u64) -> Setup {
 }
 
 /// Completes through the store itself, once: a stand-in for a transaction's completion.
-struct Direct(SimStore);
+struct Direct<S>(SimStore<S>);
 
-impl Completer for Direct {
+impl<S: RawStore> Completer for Direct<S> {
     async fn complete(
         &mut self,
         key: &StorageKey,
@@ -138,7 +165,7 @@ impl Completer for Direct {
 
 struct Run {
     start: Instant,
-    store: SimStore,
+    seq: Arc<std::sync::atomic::AtomicU64>,
     effects: Mutex<Vec<Effect>>,
     answers: Mutex<Vec<Answer>>,
 }
@@ -186,7 +213,7 @@ async fn act(run: Arc<Run>, key: String, p: Plan, attempt: Attempt) -> Result<St
         key: key.clone(),
         fencing,
         at: run.now(),
-        seq: run.store.tick(),
+        seq: run.seq.fetch_add(1, std::sync::atomic::Ordering::SeqCst),
         told_live: p.careful,
     });
     if p.panic_after {
@@ -217,9 +244,9 @@ fn outcome(result: Result<idemkit_core::Receipt<String>, Error<String>>) -> Outc
 
 /// One caller: up to `tries` deliveries of its message until one answers with a value.
 #[allow(clippy::too_many_arguments)]
-async fn caller(
+async fn caller<S: RawStore>(
     run: Arc<Run>,
-    c: Coordinator<SimStore>,
+    c: Coordinator<SimStore<S>>,
     id: usize,
     key: Key,
     mut rng: fastrand::Rng,
@@ -291,9 +318,9 @@ async fn caller(
 
 /// A batch: the keys reserved at once, then handled one after the other (later claims go
 /// stale while the earlier ones run).
-async fn batch(
+async fn batch<S: RawStore>(
     run: Arc<Run>,
-    c: Coordinator<SimStore>,
+    c: Coordinator<SimStore<S>>,
     id: usize,
     keys: Vec<Key>,
     mut rng: fastrand::Rng,
@@ -337,25 +364,48 @@ pub fn run(seed: u64) -> History {
         .start_paused(true)
         .build()
         .expect("a runtime");
-    rt.block_on(simulate(setup))
+    rt.block_on(async {
+        let mut rng = fastrand::Rng::with_seed(setup.seed ^ 0x5eed);
+        let start = Instant::now();
+        let store = SimStore::new(setup.faults, rng.fork(), start);
+        simulate(setup, store, rng, "", start).await
+    })
 }
 
-async fn simulate(setup: Setup) -> History {
+/// Runs `seed` on `inner` (Redis, PostgreSQL) in real time, inside the caller's runtime:
+/// the same callers and faults, not the same timings (a server does not follow paused
+/// time), so a run does not replay exactly. `namespace` keeps this run's keys apart from
+/// every other's on a shared server.
+pub async fn run_on<S: RawStore>(seed: u64, inner: S, namespace: &str) -> History {
+    let setup = setup(seed);
     let mut rng = fastrand::Rng::with_seed(setup.seed ^ 0x5eed);
+    // One origin for the store's log and the callers' answers: they are compared.
     let start = Instant::now();
-    let store = SimStore::new(setup.faults, rng.fork(), start);
+    let store = SimStore::over(inner, setup.faults, rng.fork(), start, false);
+    let mut history = simulate(setup, store, rng, namespace, start).await;
+    history.real_time = true;
+    history
+}
+
+async fn simulate<S: RawStore>(
+    setup: Setup,
+    store: SimStore<S>,
+    mut rng: fastrand::Rng,
+    namespace: &str,
+    start: Instant,
+) -> History {
     let c = Coordinator::builder(store.clone())
         .policy(setup.policy)
         .build();
     let run = Arc::new(Run {
         start,
-        store: store.clone(),
+        seq: store.ticker(),
         effects: Mutex::new(Vec::new()),
         answers: Mutex::new(Vec::new()),
     });
     let lease = setup.policy.lease;
     let keys: Vec<Key> = (0..setup.keys)
-        .map(|i| Key::new(format!("order-{i}")).expect("a valid key"))
+        .map(|i| Key::new(format!("{namespace}order-{i}")).expect("a valid key"))
         .collect();
     let mut tasks = Vec::new();
     for id in 0..setup.callers {
@@ -400,5 +450,6 @@ async fn simulate(setup: Setup) -> History {
         effects: lock(&run.effects).clone(),
         answers: lock(&run.answers).clone(),
         unfinished,
+        real_time: false,
     }
 }

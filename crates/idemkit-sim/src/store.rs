@@ -1,4 +1,5 @@
-//! The store under simulation: a `MemoryStore` behind a wrapper that, from the run's seed,
+//! The store under simulation: a store (a `MemoryStore`, or Redis or PostgreSQL with real
+//! time) behind a wrapper that, from the run's seed,
 //! delays each call, fails it before it reaches the store, loses its reply after the store
 //! applied it, applies it after its caller gave up, takes the store down for a while, and
 //! makes it forget everything. It writes down what the store really did (the log the
@@ -53,6 +54,9 @@ pub enum StoreEvent {
     Granted {
         key: String,
         fencing: u64,
+        /// When the `begin` was handed to the store (no later than it applied).
+        sent: Duration,
+        /// When the store's answer came back (no earlier than it applied).
         at: Duration,
         seq: u64,
     },
@@ -67,12 +71,15 @@ pub enum StoreEvent {
     Completed {
         key: String,
         fencing: u64,
+        /// When the `complete` was handed to the store, and when its answer came back.
+        sent: Duration,
         at: Duration,
     },
-    /// A `release` applied.
+    /// A `release` applied, between `sent` and `at`.
     Released {
         key: String,
         fencing: u64,
+        sent: Duration,
         at: Duration,
     },
     /// A write applied for an ownership that was not the record's: a stale writer accepted.
@@ -89,12 +96,16 @@ pub enum StoreEvent {
         what: &'static str,
         at: Duration,
     },
-    /// The store restarted and forgot every record.
-    Forgot { at: Duration },
+    /// The store restarted and forgot every record, between `from` and `at` (a server
+    /// forgets key by key).
+    Forgot { from: Duration, at: Duration },
 }
 
-struct Shared {
-    inner: MemoryStore,
+struct Shared<S> {
+    inner: S,
+    /// In process on paused time, a write's owner is checked against the record read just
+    /// before it (nothing runs in between); against a server that read could race.
+    strict: bool,
     rng: Mutex<fastrand::Rng>,
     faults: Faults,
     start: Instant,
@@ -102,16 +113,23 @@ struct Shared {
     log: Mutex<Vec<StoreEvent>>,
     keys: Mutex<BTreeSet<String>>,
     granted: Mutex<BTreeSet<(String, u64)>>,
-    seq: std::sync::atomic::AtomicU64,
+    seq: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// The fault-injecting store. Cheap to clone.
-#[derive(Clone)]
-pub struct SimStore {
-    shared: Arc<Shared>,
+pub struct SimStore<S = MemoryStore> {
+    shared: Arc<Shared<S>>,
 }
 
-impl std::fmt::Debug for SimStore {
+impl<S> Clone for SimStore<S> {
+    fn clone(&self) -> Self {
+        SimStore {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S> std::fmt::Debug for SimStore<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SimStore")
             .field("faults", &self.shared.faults)
@@ -132,11 +150,27 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl SimStore {
-    /// A store with `faults`, drawing from `rng` (seeded by the run).
+    /// A `MemoryStore` with `faults`, drawing from `rng` (seeded by the run), owners checked
+    /// strictly (in process, on paused time).
     pub fn new(faults: Faults, rng: fastrand::Rng, start: Instant) -> Self {
+        SimStore::over(MemoryStore::new(), faults, rng, start, true)
+    }
+}
+
+impl<S: RawStore> SimStore<S> {
+    /// `inner` with `faults`; `strict`: check each write's owner against a read just before
+    /// it (only where nothing can run in between).
+    pub fn over(
+        inner: S,
+        faults: Faults,
+        rng: fastrand::Rng,
+        start: Instant,
+        strict: bool,
+    ) -> Self {
         SimStore {
             shared: Arc::new(Shared {
-                inner: MemoryStore::new(),
+                inner,
+                strict,
                 rng: Mutex::new(rng),
                 faults,
                 start,
@@ -144,7 +178,7 @@ impl SimStore {
                 log: Mutex::new(Vec::new()),
                 keys: Mutex::new(BTreeSet::new()),
                 granted: Mutex::new(BTreeSet::new()),
-                seq: std::sync::atomic::AtomicU64::new(0),
+                seq: Arc::default(),
             }),
         }
     }
@@ -154,6 +188,11 @@ impl SimStore {
         self.shared
             .seq
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The sequence itself, for the effects.
+    pub fn ticker(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.shared.seq.clone()
     }
 
     /// What the store did, so far.
@@ -207,6 +246,7 @@ impl SimStore {
     /// The store restarts without its data: every record is gone. Fencing tokens keep
     /// growing (as Redis' clock-based and PostgreSQL's sequence-based tokens do).
     async fn forget(&self) {
+        let from = self.since_start();
         let keys: Vec<String> = lock(&self.shared.keys).iter().cloned().collect();
         for key in keys {
             if let Some(key) = StorageKey::parse(&key)
@@ -216,12 +256,16 @@ impl SimStore {
             }
         }
         self.note(StoreEvent::Forgot {
+            from,
             at: self.since_start(),
         });
     }
 
     /// The record's fencing token and state right now (MemoryStore answers at once).
     async fn current(&self, key: &StorageKey) -> Option<(FencingToken, RecordState)> {
+        if !self.shared.strict {
+            return None;
+        }
         match self.shared.inner.get(key).await {
             Ok(Some(Record { fencing, state, .. })) => Some((fencing, state)),
             _ => None,
@@ -232,14 +276,21 @@ impl SimStore {
     async fn call<T, F, Fut>(&self, op: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
-        F: FnOnce(SimStore) -> Fut + Send + 'static,
+        F: FnOnce(SimStore<S>) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, StoreError>> + Send + 'static,
     {
         match self.plan().await {
             Fate::FailBefore => Err(StoreError::unavailable("sim: the store is unreachable")),
+            // Against a server the call is a request on the wire: it runs to its end (and is
+            // logged) even if its caller stops waiting. In process it ends within one poll.
+            Fate::Deliver if !self.shared.strict => self.detached(op).await,
             Fate::Deliver => op(self.clone()).await,
             Fate::LoseReply => {
-                let _ = op(self.clone()).await;
+                let _ = if self.shared.strict {
+                    op(self.clone()).await
+                } else {
+                    self.detached(op).await
+                };
                 Err(StoreError::unavailable("sim: the reply was lost"))
             }
             Fate::Late(after) => {
@@ -254,6 +305,19 @@ impl SimStore {
                     Err(e) => Err(StoreError::unavailable(e.to_string())),
                 }
             }
+        }
+    }
+
+    /// `op` in a task of its own, awaited.
+    async fn detached<T, F, Fut>(&self, op: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(SimStore<S>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, StoreError>> + Send + 'static,
+    {
+        match tokio::spawn(op(self.clone())).await {
+            Ok(answer) => answer,
+            Err(e) => Err(StoreError::unavailable(e.to_string())),
         }
     }
 
@@ -285,6 +349,9 @@ impl SimStore {
         before: Option<(FencingToken, RecordState)>,
         what: &'static str,
     ) {
+        if !self.shared.strict {
+            return;
+        }
         if before.is_none_or(|(fencing, _)| fencing != ownership.fencing) {
             self.note(StoreEvent::StaleAccepted {
                 key: key.as_str().to_owned(),
@@ -296,7 +363,7 @@ impl SimStore {
     }
 }
 
-impl SimStore {
+impl<S: RawStore> SimStore<S> {
     /// One `begin`, sent at `sent` (for a batch: when the batch was sent, which is what its
     /// callers count their leases from).
     async fn begin_sent(
@@ -310,6 +377,7 @@ impl SimStore {
         let claim = self
             .call(move |s| async move {
                 let req = BeginRequest::new(&key, owner, lease).with_fingerprint(fingerprint);
+                let handed = s.since_start();
                 let claim = s.shared.inner.begin(&req).await?;
                 if let Claim::Reserved { ownership, .. } = &claim {
                     let id = (key.as_str().to_owned(), ownership.fencing.get());
@@ -317,6 +385,7 @@ impl SimStore {
                         s.note(StoreEvent::Granted {
                             key: id.0,
                             fencing: id.1,
+                            sent: handed,
                             at: s.since_start(),
                             seq: s.tick(),
                         });
@@ -336,7 +405,11 @@ impl SimStore {
     }
 }
 
-impl Store for SimStore {
+impl<S: RawStore> Store for SimStore<S> {
+    fn max_ttl(&self) -> Duration {
+        self.shared.inner.max_ttl()
+    }
+
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Claim, StoreError> {
         self.begin_sent(req, self.since_start()).await
     }
@@ -382,6 +455,7 @@ impl Store for SimStore {
         let (k, o, r) = (key.clone(), *ownership, request.clone());
         self.call(move |s| async move {
             let before = s.current(&k).await;
+            let handed = s.since_start();
             s.refused(
                 &k,
                 &o,
@@ -392,6 +466,7 @@ impl Store for SimStore {
             s.note(StoreEvent::Completed {
                 key: k.as_str().to_owned(),
                 fencing: o.fencing.get(),
+                sent: handed,
                 at: s.since_start(),
             });
             Ok(())
@@ -403,11 +478,13 @@ impl Store for SimStore {
         let (k, o) = (key.clone(), *ownership);
         self.call(move |s| async move {
             let before = s.current(&k).await;
+            let handed = s.since_start();
             s.refused(&k, &o, "release", s.shared.inner.release(&k, &o).await)?;
             s.check_owner(&k, &o, before, "release");
             s.note(StoreEvent::Released {
                 key: k.as_str().to_owned(),
                 fencing: o.fencing.get(),
+                sent: handed,
                 at: s.since_start(),
             });
             Ok(())

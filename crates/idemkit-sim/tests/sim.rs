@@ -20,23 +20,9 @@ fn seeds() -> std::ops::Range<u64> {
     0..n
 }
 
-/// The actions' own panics are expected: keep them out of the output.
-fn quiet_deliberate_panics() {
-    let default = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        let deliberate = info
-            .payload()
-            .downcast_ref::<String>()
-            .is_some_and(|m| m == idemkit_sim::DELIBERATE);
-        if !deliberate {
-            default(info);
-        }
-    }));
-}
-
 #[test]
 fn every_seed_keeps_every_guarantee() {
-    quiet_deliberate_panics();
+    idemkit_sim::quiet_deliberate_panics();
     #[allow(clippy::disallowed_methods)] // the run's real duration, for the report
     let started = Instant::now();
     let replaying = std::env::var("IDEMKIT_SIM_SEED").is_ok();
@@ -120,17 +106,20 @@ fn the_checker_names_what_went_wrong() {
         StoreEvent::Granted {
             key: "k".into(),
             fencing: 1,
+            sent: Duration::from_millis(1),
             at: Duration::from_millis(1),
             seq: 1000,
         },
         StoreEvent::Completed {
             key: "k".into(),
             fencing: 1,
+            sent: Duration::from_millis(2),
             at: Duration::from_millis(2),
         },
         StoreEvent::Granted {
             key: "k".into(),
             fencing: 2,
+            sent: Duration::from_millis(3),
             at: Duration::from_millis(3),
             seq: 1001,
         },
@@ -143,6 +132,7 @@ fn the_checker_names_what_went_wrong() {
     forgotten.store.insert(
         forgotten.store.len() - 1,
         StoreEvent::Forgot {
+            from: Duration::from_millis(2),
             at: Duration::from_millis(2),
         },
     );
@@ -153,12 +143,14 @@ fn the_checker_names_what_went_wrong() {
         StoreEvent::Granted {
             key: "k".into(),
             fencing: 1,
+            sent: Duration::from_millis(1),
             at: Duration::from_millis(1),
             seq: 1002,
         },
         StoreEvent::Granted {
             key: "k".into(),
             fencing: 2,
+            sent: Duration::from_millis(3),
             at: Duration::from_millis(3),
             seq: 1003,
         },
@@ -180,6 +172,7 @@ fn the_checker_names_what_went_wrong() {
         StoreEvent::Granted {
             key: "k".into(),
             fencing: 1,
+            sent: Duration::from_millis(1),
             at: Duration::from_millis(1),
             seq: 1_000,
         },
