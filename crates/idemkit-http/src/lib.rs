@@ -459,3 +459,19 @@ mod stored;
 pub use key::parse_key;
 pub use problem::Problem;
 pub use service::ResponseFuture;
+
+/// Entry points for the fuzzer (`fuzz/`), not for applications: the stored-response decoder,
+/// which reads bytes from the store.
+#[doc(hidden)]
+pub mod __fuzz {
+    use idemkit_core::Codec as _;
+
+    /// Decodes `bytes` as a stored response; on success, the status and the body's length.
+    pub fn decode_response(bytes: &[u8]) -> Option<(u16, usize)> {
+        let codec = crate::stored::ResponseCodec {
+            keep: std::sync::Arc::new(Vec::new()),
+        };
+        let stored = codec.decode(bytes).ok()?;
+        Some((stored.status.as_u16(), stored.body.len()))
+    }
+}

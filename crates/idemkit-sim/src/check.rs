@@ -123,6 +123,7 @@ pub fn check(h: &History) -> Result<Tally, Violation> {
     let mut releases: BTreeMap<(&str, u64), Duration> = BTreeMap::new();
     let mut confirmed: BTreeMap<(&str, u64), Duration> = BTreeMap::new();
     let mut forgotten: Vec<(Duration, Duration)> = Vec::new();
+    let mut stalls: Vec<(Duration, Duration)> = Vec::new();
     for e in &h.store {
         match e {
             StoreEvent::StaleAccepted {
@@ -169,6 +170,7 @@ pub fn check(h: &History) -> Result<Tally, Violation> {
             }
             StoreEvent::Forgot { from, at } => forgotten.push((*from, *at)),
             StoreEvent::Refused { .. } => {}
+            StoreEvent::Stalled { from, by } => stalls.push((*from, *by)),
         }
     }
     // A forgetting that may have touched the key between `from` and `to`.
@@ -266,6 +268,12 @@ pub fn check(h: &History) -> Result<Tally, Violation> {
                 .map_or(a.started, |g| g.1);
             forgot_between(own, a.at) || list.iter().any(|g| g.0 > fencing && g.1 <= a.at)
         });
+        // A stall freezes the caller too: its time does not count against its bound.
+        let stalled: Duration = stalls
+            .iter()
+            .filter(|&&(from, by)| from + by >= a.started && from <= a.at)
+            .map(|&(_, by)| by)
+            .sum();
         check_answer(
             a,
             &policy,
@@ -273,6 +281,7 @@ pub fn check(h: &History) -> Result<Tally, Violation> {
             &confirmed,
             superseded,
             h.real_time,
+            stalled,
         )?;
     }
 
@@ -309,6 +318,7 @@ fn check_answer(
     confirmed: &BTreeMap<(&str, u64), Duration>,
     superseded: bool,
     real_time: bool,
+    stalled: Duration,
 ) -> Result<(), Violation> {
     // In real time a task can be scheduled late by the machine: allow for it.
     let slack = if real_time {
@@ -358,7 +368,10 @@ fn check_answer(
         Outcome::Fresh {
             fencing,
             stored: false,
-        } if !a.completer && !superseded && a.at - a.started < policy.max_hold => {
+        } if !a.completer
+            && !superseded
+            && a.at - a.returned.unwrap_or(a.started) < policy.max_hold =>
+        {
             // The last try goes out at the confirmed end minus min(lease/20, 50 ms), unless
             // the completion was retried for `max_hold` (a store that renews but never
             // completes is bounded like a hung action).
@@ -386,7 +399,7 @@ fn check_answer(
         } else {
             Duration::ZERO
         };
-        let bound = waits + policy.store_timeout * 3 + slack * 2;
+        let bound = waits + policy.store_timeout * 3 + slack * 2 + stalled;
         let took = a.at - a.started;
         if took > bound {
             return Err(Violation::WaitedTooLong {

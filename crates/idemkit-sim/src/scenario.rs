@@ -66,6 +66,8 @@ pub struct Answer {
     pub outcome: Outcome,
     /// Whether the action ran in this attempt.
     pub ran: bool,
+    /// When the action returned its value (the completion starts then).
+    pub returned: Option<Duration>,
     /// Whether a `Completer` stored the result (no retries by design).
     pub completer: bool,
     pub in_flight: InFlight,
@@ -138,6 +140,7 @@ pub fn setup(seed: u64) -> Setup {
             } else {
                 0.0
             },
+            stall: (rng.f64() * 0.01, ms(&mut rng, 0, lease_ms * 2)),
         }
     };
     Setup {
@@ -200,7 +203,13 @@ fn plan(rng: &mut fastrand::Rng, lease: Duration) -> Plan {
 }
 
 /// The action: work, (a careful one checks its lease), the effect, more work, its value.
-async fn act(run: Arc<Run>, key: String, p: Plan, attempt: Attempt) -> Result<String, String> {
+async fn act(
+    run: Arc<Run>,
+    key: String,
+    p: Plan,
+    attempt: Attempt,
+    returned: Arc<Mutex<Option<Duration>>>,
+) -> Result<String, String> {
     tokio::time::sleep(p.before).await;
     if p.panic_before {
         panic!("{DELIBERATE}");
@@ -220,6 +229,7 @@ async fn act(run: Arc<Run>, key: String, p: Plan, attempt: Attempt) -> Result<St
         panic!("{DELIBERATE}");
     }
     tokio::time::sleep(p.after).await;
+    *lock(&returned) = Some(run.now());
     Ok(format!("{key}#{fencing}"))
 }
 
@@ -265,11 +275,13 @@ async fn caller<S: RawStore>(
         };
         let started = run.now();
         let ran = Arc::new(Mutex::new(false));
+        let returned = Arc::new(Mutex::new(None));
         let (r, k, s, marker) = (run.clone(), storage.clone(), c.store().clone(), ran.clone());
+        let done_at = returned.clone();
         let call = c.call_owned(op.clone(), key.clone()).in_flight(in_flight);
         let action = move |attempt: Attempt| {
             *lock(&marker) = true;
-            act(r, k, p, attempt)
+            act(r, k, p, attempt, done_at)
         };
         let task = if completer {
             tokio::spawn(async move { outcome(call.completer(Direct(s)).run(action).await) })
@@ -304,6 +316,7 @@ async fn caller<S: RawStore>(
             started,
             at: run.now(),
             ran: *lock(&ran),
+            returned: *lock(&returned),
             completer,
             in_flight,
             outcome,
@@ -337,7 +350,10 @@ async fn batch<S: RawStore>(
             .call_owned(op.clone(), key.clone())
             .in_flight(InFlight::Reject)
             .prepared(claim);
-        let task = tokio::spawn(async move { outcome(call.run(move |a| act(r, k, p, a)).await) });
+        let returned = Arc::new(Mutex::new(None));
+        let done_at = returned.clone();
+        let task =
+            tokio::spawn(async move { outcome(call.run(move |a| act(r, k, p, a, done_at)).await) });
         let outcome = match task.await {
             Ok(o) => o,
             Err(e) if e.is_panic() => Outcome::Panicked(DELIBERATE.into()),
@@ -349,6 +365,7 @@ async fn batch<S: RawStore>(
             started,
             at: run.now(),
             ran: true,
+            returned: *lock(&returned),
             completer: false,
             in_flight: InFlight::Reject,
             outcome,

@@ -32,6 +32,9 @@ pub struct Faults {
     pub outage: (f64, Duration),
     /// Probability per call that the store restarts and forgets every record.
     pub forget: f64,
+    /// Probability per call that the clock jumps ahead by up to this long at once: the whole
+    /// process stalls (paused time only), so leases run out under their owners.
+    pub stall: (f64, Duration),
 }
 
 impl Faults {
@@ -43,6 +46,7 @@ impl Faults {
         apply_late: (0.0, Duration::ZERO),
         outage: (0.0, Duration::ZERO),
         forget: 0.0,
+        stall: (0.0, Duration::ZERO),
     };
 }
 
@@ -96,6 +100,8 @@ pub enum StoreEvent {
         what: &'static str,
         at: Duration,
     },
+    /// The whole process stalled for `by` (the clock jumped).
+    Stalled { from: Duration, by: Duration },
     /// The store restarted and forgot every record, between `from` and `at` (a server
     /// forgets key by key).
     Forgot { from: Duration, at: Duration },
@@ -225,6 +231,15 @@ impl<S: RawStore> SimStore<S> {
         }
         if self.chance(f.forget) {
             self.forget().await;
+        }
+        if self.shared.strict && self.chance(f.stall.0) {
+            let by = self.upto(f.stall.1);
+            // Noted first: the call that stalls may be dropped (timed out) during the jump.
+            self.note(StoreEvent::Stalled {
+                from: self.since_start(),
+                by,
+            });
+            tokio::time::advance(by).await;
         }
         if self.chance(f.outage.0) {
             let until = Instant::now() + self.upto(f.outage.1);
