@@ -154,6 +154,46 @@ async fn a_renewal_that_meets_the_owners_completed_record_is_not_a_lost_lease() 
     assert!(store.counts().complete >= 2, "{:?}", store.counts());
 }
 
+/// Found by the simulation (issue 22, `idemkit-sim`): an action that returns after
+/// `max_hold` (renewals stopped at 500 ms; the store holds the lease until 700 ms), whose first
+/// completion's reply is lost (the store applied it).
+///
+/// Before: stopping the renewals had moved the lease's end back to 500 ms, so the completion
+/// gave up at its first failure (at 600 ms, `stored == false`), although the store held the
+/// lease for another 100 ms and a retry would have stored (here: confirmed) the result.
+#[tokio::test(start_paused = true)]
+async fn a_completion_after_max_hold_is_retried_while_the_store_holds_the_lease() {
+    let store = Probe::new(MemoryStore::new());
+    let c = Coordinator::builder(store.clone())
+        .policy(
+            Policy::default()
+                .lease(Duration::from_millis(300))
+                .max_hold(Duration::from_millis(500))
+                .store_timeout(Duration::from_millis(50)),
+        )
+        .build();
+    store.lose_reply_next(Fault::Complete, 1);
+    let started = Instant::now();
+    let out = c
+        .call(&op(), &key("held"))
+        .run(|_| async {
+            sleep(Duration::from_millis(600)).await;
+            Ok::<_, Infallible>("em_1".to_string())
+        })
+        .await
+        .unwrap();
+    assert!(
+        out.stored,
+        "gave up while the store held the lease: {out:?}"
+    );
+    assert!(store.counts().complete >= 2, "{:?}", store.counts());
+    assert!(
+        started.elapsed() < Duration::from_millis(700),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
 /// Item 6: a `begin` that reserved and then never answered (`store_timeout` 50 ms).
 ///
 /// Before: the reservation it left blocked every retry for the whole lease: the immediate
