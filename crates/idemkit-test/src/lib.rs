@@ -178,6 +178,7 @@ macro_rules! __with_raw_checks {
     ($then:ident!($($args:tt)*)) => {
         $crate::$then! { $($args)*;
             corrupt_and_foreign_records_are_typed_errors,
+            arbitrary_bytes_under_a_key_get_typed_answers,
             purge_removes_anything,
             purge_wakes_waiters
         }

@@ -11,8 +11,10 @@ use idemkit_core::{
 
 use crate::{Harness, unique_key};
 
+mod arbitrary;
 mod waits;
 
+pub use arbitrary::*;
 pub use waits::*;
 
 const LEASE: Duration = Duration::from_millis(1_000);
