@@ -116,7 +116,7 @@ pub fn check(h: &History) -> Result<Tally, Violation> {
         return Err(Violation::NeverAnswered { caller });
     }
     let policy = h.setup.policy;
-    // Per key: (fencing, time, sequence) of every grant.
+    // Per key, every grant: (fencing, answered at, sequence, handed to the store at).
     let mut grants: BTreeMap<&str, Vec<(u64, Duration, u64, Duration)>> = BTreeMap::new();
     // (handed to the store at, answered at) of each completion: it applied in between.
     let mut completions: BTreeMap<(&str, u64), (Duration, Duration)> = BTreeMap::new();
