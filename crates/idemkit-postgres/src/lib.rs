@@ -11,6 +11,7 @@
 //!
 //! See the README's "Which protection" table for when to use which.
 
+mod builder;
 mod errors;
 mod fence;
 mod inbox;
@@ -22,8 +23,9 @@ mod store;
 mod tx;
 mod wake;
 
+pub use builder::PgStoreBuilder;
 pub use fence::Fences;
 pub use inbox::{DeliverError, Delivered, Inbox, InboxError, Seen};
 pub use names::{MAX_NAME_LEN, NameError};
-pub use store::{PgStore, PgStoreBuilder, Purger};
+pub use store::{PgStore, Purger};
 pub use tx::{InTransaction, TxCall, TxFuture};
