@@ -53,6 +53,9 @@
 //! only caller. The consumers' runner skeleton is the crate `idemkit-runner`.
 #![forbid(unsafe_code)]
 
+#[doc(hidden)]
+#[path = "sync.rs"]
+pub mod __sync;
 pub mod clock;
 mod codec;
 mod coordinator;

@@ -14,9 +14,11 @@
 //! One server without the durability guard only: on a Cluster keys of one slot rarely meet,
 //! and the guard's `WAIT` is per reservation.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::PoisonError;
 
 use bytes::Bytes;
+// std's mutex, or loom's under `--cfg idemkit_loom` (the model checks, model.rs).
+use idemkit_core::__sync::{Mutex, MutexGuard};
 use idemkit_core::{ResultKind, StoreError, StoreErrorKind};
 use redis::{Cmd, Value};
 use tokio::sync::oneshot;
@@ -91,6 +93,13 @@ impl<J> Coalescer<J> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Nothing on the wire, nothing queued, no flush scheduled (the model checks' end state).
+    #[cfg(all(test, idemkit_loom))]
+    pub(crate) fn is_idle(&self) -> bool {
+        let state = self.lock();
+        state.in_flight == 0 && state.queue.is_empty() && !state.flushing
+    }
+
     /// Lead when nothing of this kind is on the wire or queued; otherwise queue `job()`.
     pub(crate) fn enter(&self, job: impl FnOnce() -> J) -> Entered {
         let mut state = self.lock();
@@ -105,7 +114,7 @@ impl<J> Coalescer<J> {
     }
 
     /// Everything queued, in batches, each counted on the wire; the flush is over.
-    fn take_all(&self) -> Vec<Vec<J>> {
+    pub(crate) fn take_all(&self) -> Vec<Vec<J>> {
         let mut state = self.lock();
         state.flushing = false;
         let mut batches = Vec::new();
@@ -125,7 +134,7 @@ impl<J> Coalescer<J> {
     }
 
     /// A call of this kind answered (or was dropped).
-    fn done(&self) {
+    pub(crate) fn done(&self) {
         let mut state = self.lock();
         state.in_flight = state.in_flight.saturating_sub(1);
     }

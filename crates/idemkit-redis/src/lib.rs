@@ -60,6 +60,8 @@ mod durable;
 mod errors;
 mod keys;
 mod lanes;
+#[cfg(all(test, idemkit_loom))]
+mod model;
 mod scan;
 mod scripts;
 mod wake;

@@ -2,13 +2,15 @@
 //! waiters, and a registration guard so that a cancelled waiter leaves nothing behind.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, PoisonError};
 
 use std::time::Duration;
 
+// std's mutex and tokio's `Notify`, or loom's under `--cfg idemkit_loom` (model.rs).
+use idemkit_core::__sync::{Mutex, Notify};
 use idemkit_core::{FencingToken, StorageKey, StoreError};
 use redis::RedisError;
-use tokio::sync::{Notify, OnceCell};
+use tokio::sync::OnceCell;
 
 use crate::conn::Conn;
 use crate::keys::{self, channel};

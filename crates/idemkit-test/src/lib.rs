@@ -40,6 +40,7 @@ use idemkit_core::{Key, Operation, RawStore, StorageKey, Store};
 pub mod brokers;
 pub mod coordinator;
 mod effects;
+pub mod pg_server;
 mod probe;
 pub mod redis_server;
 pub mod scans;

@@ -1,14 +1,15 @@
 //! [`MemoryStore`]: the embedded default store.
 
 use std::hash::{BuildHasher, RandomState};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::PoisonError;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
+// std's and tokio's, or loom's under `--cfg idemkit_loom` (the model checks, model.rs).
+use crate::__sync::{Arc, AtomicU64, Mutex, MutexGuard, Notify};
 use crate::clock::Clock;
 use crate::clock::after;
 use crate::fingerprint::Fingerprint;
@@ -16,6 +17,8 @@ use crate::ident::StorageKey;
 use crate::record::{FencingToken, OwnerToken, Record, RecordState, StoredResult};
 use crate::store::{BeginRequest, Claim, CompleteRequest, Ownership, Replay, Store, StoreError};
 
+#[cfg(all(test, idemkit_loom))]
+mod model;
 mod raw;
 mod table;
 #[cfg(test)]
@@ -26,7 +29,11 @@ use table::{MIN_SWEEP, Shard, Table};
 /// Number of independently locked shards. Each lock is held for a hash-map operation only
 /// (never across an `.await`), so a few dozen shards keep contention negligible on any core
 /// count this store is meant for.
+#[cfg(not(idemkit_loom))]
 const SHARDS: usize = 32;
+/// Under the model checker every lock is a state to explore: two shards are enough.
+#[cfg(idemkit_loom)]
+const SHARDS: usize = 2;
 
 /// An in-process store: a sharded hash map with lease and TTL expiry on the tokio clock and
 /// push wake-ups for waiters.
@@ -415,6 +422,11 @@ impl Store for MemoryStore {
                 _ => return Ok(()),
             }
         }
+        // The model checker has no timers: there a wait ends by its wake-up alone, so a
+        // lost wake-up is a deadlock it reports.
+        #[cfg(idemkit_loom)]
+        let _ = (until, notified.await);
+        #[cfg(not(idemkit_loom))]
         let _ = tokio::time::timeout_at(until, notified).await;
         Ok(())
     }
