@@ -9,7 +9,7 @@ use std::time::Duration;
 use idemkit_core::scan::{Listed, ScanCursor};
 use idemkit_core::{Operation, RecordState, StoreError};
 
-use crate::ops::{Exit, StoreArgs, Target, connect, fail, state_of, store_failed};
+use crate::ops::{Exit, StoreArgs, Target, connect, fail, redact, state_of, store_failed};
 
 /// The states `--state` selects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -448,7 +448,7 @@ pub(crate) async fn purge(store: &StoreArgs, args: &PurgeArgs) -> Exit {
     if !args.yes
         && !confirm(&format!(
             "purge {matched} records ({what}) from {}?{warning}",
-            store.store
+            redact(&store.store)
         ))
     {
         return fail(Exit::Refused, "not confirmed: nothing purged");
@@ -467,7 +467,8 @@ pub(crate) async fn purge(store: &StoreArgs, args: &PurgeArgs) -> Exit {
         Ok(done) => {
             eprintln!(
                 "idemkit: purged {} records ({what}) from {}",
-                done.purged, store.store
+                done.purged,
+                redact(&store.store)
             );
             report(done, false);
             Exit::Ok

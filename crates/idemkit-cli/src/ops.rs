@@ -142,6 +142,45 @@ impl Target {
     }
 }
 
+/// Query parameters that carry a secret (libpq's and redis-rs's names among them).
+const SECRET_PARAMS: [&str; 6] = ["password", "passwd", "pass", "pwd", "sslpassword", "token"];
+
+/// A store URL as every output prints it: without its password, in the userinfo or in a
+/// query parameter (`?password=`), whatever the scheme; the one way the CLI prints a URL.
+pub(crate) fn redact(url: &str) -> String {
+    // redis+cluster://a:1,b:2 is not one URL: redact each node's part.
+    if let Some(nodes) = url.strip_prefix("redis+cluster://") {
+        let nodes: Vec<String> = nodes
+            .split(',')
+            .map(|n| redact(&format!("redis://{n}"))["redis://".len()..].to_string())
+            .collect();
+        return format!("redis+cluster://{}", nodes.join(","));
+    }
+    let Ok(mut parsed) = url::Url::parse(url) else {
+        // Not a URL: keep only what cannot be a secret (the scheme), say it was cut.
+        return match url.split_once("://") {
+            Some((scheme, _)) => format!("{scheme}://… (unparsable URL, not shown)"),
+            None => "(unparsable URL, not shown)".to_string(),
+        };
+    };
+    if parsed.password().is_some() {
+        let _ = parsed.set_password(None);
+    }
+    if parsed.query().is_some() {
+        let kept: Vec<(String, String)> = parsed
+            .query_pairs()
+            .filter(|(k, _)| !SECRET_PARAMS.contains(&k.to_ascii_lowercase().as_str()))
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect();
+        if kept.is_empty() {
+            parsed.set_query(None);
+        } else {
+            parsed.query_pairs_mut().clear().extend_pairs(kept);
+        }
+    }
+    parsed.to_string()
+}
+
 pub(crate) async fn connect(s: &StoreArgs) -> Result<Target, Exit> {
     let url = s.store.as_str();
     if let Some(nodes) = url.strip_prefix("redis+cluster://") {
@@ -186,7 +225,10 @@ pub(crate) async fn connect(s: &StoreArgs) -> Result<Target, Exit> {
     } else {
         Err(fail(
             Exit::Usage,
-            format!("unknown store {url:?}: a redis://, redis+cluster:// or postgres:// URL"),
+            format!(
+                "unknown store {:?}: a redis://, redis+cluster:// or postgres:// URL",
+                redact(url)
+            ),
         ))
     }
 }
@@ -396,6 +438,32 @@ pub(crate) async fn release(store: &StoreArgs, record: &RecordArgs, force: bool)
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_printed_url_carries_no_password() {
+        use super::redact;
+        for (url, shown) in [
+            ("redis://:pw-1@127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+            ("redis://user:pw-1@h:1", "redis://user@h:1"),
+            (
+                "postgres://postgres:pw-1@127.0.0.1/test?sslmode=disable&password=pw-1",
+                "postgres://postgres@127.0.0.1/test?sslmode=disable",
+            ),
+            ("postgres://h/db?PASSWORD=pw-1", "postgres://h/db"),
+            (
+                "redis+cluster://:pw-1@a:1,:pw-1@b:2",
+                "redis+cluster://a:1,b:2",
+            ),
+            ("rediss://h:1", "rediss://h:1"),
+            (
+                "nonsense://:pw-1@[bad",
+                "nonsense://… (unparsable URL, not shown)",
+            ),
+        ] {
+            assert_eq!(redact(url), shown, "{url}");
+            assert!(!redact(url).contains("pw-1"));
+        }
+    }
+
     use std::time::Duration;
 
     use idemkit_core::{

@@ -7,6 +7,13 @@
 //! operation a purge action, each behind a confirmation page, and each write is checked
 //! against a token of this process (a page of another origin cannot post one) and logged.
 //! It listens on loopback unless `--allow-remote`: it has no authentication of its own.
+//!
+//! Against a hostile browser: a request whose `Host` is not the listen address, `localhost`
+//! or a name given with `--allow-host` is refused before anything is read (DNS rebinding: a
+//! page of `attacker.example` whose name now resolves to 127.0.0.1 is same-origin with
+//! itself, and would otherwise read the token and post); a write needs the token and a
+//! same-origin proof (`Origin` equal to the served host, or `Sec-Fetch-Site: same-origin`);
+//! every answer forbids framing and type sniffing.
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -14,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Form, Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use idemkit_core::{FencingToken, Operation, OwnerToken, Ownership, StorageKey};
@@ -24,7 +31,7 @@ use crate::listing::{
     Checked, OpStats, StateFilter, count_matching, parse_duration, purge_matching, store_facts,
     survey,
 };
-use crate::ops::{Exit, StoreArgs, Target, connect, fail};
+use crate::ops::{Exit, StoreArgs, Target, connect, fail, redact};
 use crate::templates::{self, Status, query_escape};
 
 /// The server's options.
@@ -40,6 +47,10 @@ pub(crate) struct ServeArgs {
     /// own proxy.
     #[arg(long)]
     allow_remote: bool,
+    /// A host name the page may be reached by, besides the listen address and `localhost`
+    /// (repeatable): the name a proxy or a remote browser uses. Any other `Host` is refused.
+    #[arg(long = "allow-host", value_name = "NAME")]
+    allow_hosts: Vec<String>,
     /// "Expiring soon" means within this.
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     soon: Duration,
@@ -52,6 +63,8 @@ struct App {
     writes: bool,
     /// Every form carries it; a post without it is refused.
     token: String,
+    /// The host names a request may name (lowercase, without port).
+    hosts: Vec<String>,
     soon: Duration,
 }
 
@@ -85,18 +98,22 @@ pub(crate) async fn serve(store: &StoreArgs, args: &ServeArgs) -> Exit {
     let app = Arc::new(App {
         store: match &target {
             Target::Redis(_) => {
-                format!("{} prefix {}", without_password(&store.store), store.prefix)
+                format!("{} prefix {}", redact(&store.store), store.prefix)
             }
             Target::Postgres(_) => format!(
                 "{} table {}.{}",
-                without_password(&store.store),
+                redact(&store.store),
                 store.schema,
                 store.table
             ),
         },
         target,
         writes: args.allow_writes,
-        token: format!("{:032x}", OwnerToken::random().as_u128()),
+        token: match write_token() {
+            Ok(t) => t,
+            Err(e) => return fail(Exit::Store, format!("no random token: {e}")),
+        },
+        hosts: allowed_hosts(addr, &args.allow_hosts),
         soon: args.soon,
     });
     let router = axum::Router::new()
@@ -106,6 +123,7 @@ pub(crate) async fn serve(store: &StoreArgs, args: &ServeArgs) -> Exit {
         .route("/confirm/purge", get(confirm_purge))
         .route("/release", post(release))
         .route("/purge", post(purge))
+        .layer(axum::middleware::from_fn_with_state(app.clone(), guard))
         .with_state(app);
     println!(
         "listening on http://{addr}/ ({})",
@@ -127,15 +145,80 @@ pub(crate) async fn serve(store: &StoreArgs, args: &ServeArgs) -> Exit {
     }
 }
 
-fn without_password(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            let user = userinfo.split(':').next().unwrap_or_default();
-            format!("{}{user}{}", &url[..scheme + 3], &url[at..])
-        }
-        _ => url.to_string(),
+/// 256 bits from the operating system's generator, as hex.
+fn write_token() -> Result<String, getrandom::Error> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes)?;
+    Ok(bytes.iter().fold(String::with_capacity(64), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    }))
+}
+
+/// The names a request's `Host` may carry: the listen address (unless unspecified),
+/// loopback's names, and the allow-list.
+fn allowed_hosts(addr: SocketAddr, extra: &[String]) -> Vec<String> {
+    let mut hosts = vec![
+        "localhost".to_string(),
+        "127.0.0.1".to_string(),
+        "[::1]".to_string(),
+    ];
+    if !addr.ip().is_unspecified() {
+        hosts.push(match addr {
+            SocketAddr::V4(a) => a.ip().to_string(),
+            SocketAddr::V6(a) => format!("[{}]", a.ip()),
+        });
     }
+    hosts.extend(extra.iter().map(|h| h.to_ascii_lowercase()));
+    hosts
+}
+
+/// A `Host` value's name: lowercase, without its port.
+fn host_name(host: &str) -> String {
+    let host = host.trim().to_ascii_lowercase();
+    if host.starts_with('[') {
+        // [v6]:port
+        return host
+            .split_inclusive(']')
+            .next()
+            .unwrap_or_default()
+            .to_string();
+    }
+    host.rsplit_once(':')
+        .map_or(host.clone(), |(name, _)| name.to_string())
+}
+
+/// Every request: a `Host` this server answers to, or 403 before any handler reads the
+/// store; every answer: no framing, no sniffing.
+async fn guard(
+    State(app): State<Arc<App>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(host_name);
+    let mut response = match host {
+        Some(h) if app.hosts.contains(&h) => next.run(request).await,
+        _ => (
+            StatusCode::FORBIDDEN,
+            "this host name is not served here (idemkit serve --allow-host NAME to allow it)",
+        )
+            .into_response(),
+    };
+    let h = response.headers_mut();
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("frame-ancestors 'none'"),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    response
 }
 
 fn unavailable(e: impl std::fmt::Display) -> Response {
@@ -306,17 +389,21 @@ fn may_write(app: &App, headers: &HeaderMap, token: &str) -> Option<Response> {
     if !app.writes {
         return Some(read_only());
     }
-    let origin_ok = match (headers.get(header::ORIGIN), headers.get(header::HOST)) {
-        (None, _) => true,
+    // A same-origin proof: the page's own Origin, or the browser's word for it. No Origin
+    // at all (a client that is not a browser, or an old one) is not a proof.
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    let origin = headers.get(header::ORIGIN).and_then(|o| o.to_str().ok());
+    let same_origin = match (origin, host) {
         (Some(origin), Some(host)) => {
-            let origin = origin.to_str().unwrap_or_default();
-            let host = host.to_str().unwrap_or_default();
             origin.strip_prefix("http://") == Some(host)
                 || origin.strip_prefix("https://") == Some(host)
         }
         (Some(_), None) => false,
+        (None, _) => headers
+            .get("sec-fetch-site")
+            .is_some_and(|s| s.as_bytes() == b"same-origin"),
     };
-    if token != app.token || !origin_ok {
+    if token != app.token || !same_origin {
         return Some((StatusCode::FORBIDDEN, "a write from outside this page").into_response());
     }
     None

@@ -3,6 +3,8 @@
 //! stuck reservation left by a worker process that was really killed, which `list` shows and
 //! `release` frees so that the next delivery runs.
 
+mod support;
+
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
@@ -11,7 +13,24 @@ use bytes::Bytes;
 use idemkit_core::{CompleteRequest, Key, Operation, RawStore, ResultKind, StorageKey, Store};
 use serde_json::Value;
 
+/// The password of the stores in the `..._password_...` tests: no output may carry it.
+const SECRET: &str = "pw-Secret-31337";
+
+/// Runs the binary; every output of every run is checked for [`SECRET`].
 fn idemkit_with_input(args: &[String], input: &str) -> Output {
+    let out = run_binary(args, input);
+    for (what, text) in [("stdout", &out.stdout), ("stderr", &out.stderr)] {
+        let text = String::from_utf8_lossy(text);
+        assert!(
+            !text.contains(SECRET),
+            "idemkit {}: the store password in its {what}: {text}",
+            args.first().map_or("", String::as_str)
+        );
+    }
+    out
+}
+
+fn run_binary(args: &[String], input: &str) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_idemkit"))
         .args(args)
         .stdin(Stdio::piped())
@@ -286,6 +305,90 @@ async fn list_purge_and_stats_on_postgres() {
         ],
     };
     commands(store, cli).await;
+}
+
+/// Every command, with the Redis password in the URL: the commands work, and no output
+/// (tables, JSON, prompts, progress, errors, the status page) carries the password. The
+/// same runs as `list_purge_and_stats_on_redis`, through the checking runner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_output_carries_the_redis_password() {
+    let server = idemkit_test::redis_server::RedisProcess::start(&[]);
+    let port = server.url().rsplit(':').next().unwrap().to_string();
+    let set = Command::new("redis-cli")
+        .args(["-p", &port, "config", "set", "requirepass", SECRET])
+        .output()
+        .unwrap();
+    assert!(set.status.success() && set.stdout.starts_with(b"OK"));
+    let url = format!("redis://:{SECRET}@127.0.0.1:{port}/0");
+    let prefix = format!("idemkit-cli-pw-{:x}", fastrand::u64(..));
+    let store = idemkit_redis::RedisStore::builder()
+        .prefix(prefix.as_str())
+        .connect(&url)
+        .await
+        .expect("the store with its password");
+    let cli = Cli {
+        store: vec![
+            "--store".into(),
+            url.clone(),
+            "--prefix".into(),
+            prefix.clone(),
+        ],
+    };
+    commands(store, cli).await;
+    // A wrong password: an error that names the store without any password.
+    let wrong = format!("redis://:{SECRET}-wrong@127.0.0.1:{port}/0");
+    let out = idemkit_with_input(
+        &[
+            "list".into(),
+            "--store".into(),
+            wrong,
+            "--prefix".into(),
+            prefix.clone(),
+        ],
+        "",
+    );
+    assert_ne!(code(&out), 0);
+    // The status page and its metrics.
+    let page = tokio::task::spawn_blocking(move || {
+        let server = support::Server::start(&["--store", &url, "--prefix", &prefix], &[]);
+        let get = |path: &str| {
+            let out = Command::new("curl")
+                .args(["-s", &format!("{}{path}", server.base)])
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        (get("/"), get("/metrics"))
+    })
+    .await
+    .unwrap();
+    assert!(page.0.contains("127.0.0.1"), "{}", page.0);
+    assert!(!page.0.contains(SECRET) && !page.1.contains(SECRET));
+}
+
+/// The same on PostgreSQL, the password in the userinfo and as a query parameter (the
+/// machine's server trusts loopback, so the password is carried, never checked).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_output_carries_the_postgres_password() {
+    let Some(store) = postgres().await else {
+        return;
+    };
+    let base = postgres_url();
+    let url = base.replacen("postgres@", &format!("postgres:{SECRET}@"), 1);
+    assert!(url.contains(SECRET), "{base}: a URL with a user");
+    let cli = Cli {
+        store: vec!["--store".into(), url, "--schema".into(), SCHEMA.into()],
+    };
+    commands(store, cli).await;
+    let out = idemkit_with_input(
+        &[
+            "stats".into(),
+            "--store".into(),
+            format!("postgres://postgres@127.0.0.1:1/test?password={SECRET}"),
+        ],
+        "",
+    );
+    assert_ne!(code(&out), 0, "nothing listens on port 1");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

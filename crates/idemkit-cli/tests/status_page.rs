@@ -3,55 +3,19 @@
 //! default; with `--allow-writes` a release goes through its confirmation and frees the key.
 //! Also `/metrics`, and writes refused without the page's token or from another origin.
 
-use std::io::{BufRead as _, BufReader};
+mod support;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use bytes::Bytes;
 use idemkit_core::{CompleteRequest, Key, Operation, ResultKind, StorageKey, Store};
 use idemkit_redis::RedisStore;
 
+use support::Server;
+
 const CHROMIUM: &str = "/usr/bin/chromium";
-
-/// A running `idemkit serve`, stopped on drop.
-struct Server {
-    child: Child,
-    base: String,
-}
-
-impl Server {
-    /// `idemkit serve` with `store` (`--store URL` and its naming options) and `extra`.
-    fn start(store: &[&str], extra: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_idemkit"))
-            .arg("serve")
-            .args(store)
-            .args(["--listen", "127.0.0.1:0"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.as_mut().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let base = line
-            .strip_prefix("listening on ")
-            .and_then(|l| l.split_whitespace().next())
-            .unwrap_or_else(|| panic!("serve said {line:?}"))
-            .trim_end_matches('/')
-            .to_string();
-        Server { child, base }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// Chromium as this machine runs it headless: no sandbox (root), no background network.
 fn chromium(args: &[String]) -> std::process::Output {
@@ -321,7 +285,16 @@ async fn the_status_page_in_a_headless_browser() {
             .unwrap()
             .is_some()
     );
-    assert_eq!(post(writable.base.clone(), form(&token), None).await, 303);
+    assert_eq!(
+        post(writable.base.clone(), form(&token), None).await,
+        403,
+        "no proof of a same-origin page (neither Origin nor Sec-Fetch-Site)"
+    );
+    let own = writable.base.clone().leak() as &'static str;
+    assert_eq!(
+        post(writable.base.clone(), form(&token), Some(own)).await,
+        303
+    );
     assert_eq!(
         store.get(&sk(&invoice, "order-7.invoice")).await.unwrap(),
         None,

@@ -17,9 +17,11 @@
 //!   response. The builder requires either a scope function (from an auth extension, a
 //!   tenant header...; a request it cannot scope is refused with `403`) or an explicit, named
 //!   global scope.
-//! - **Fingerprint**: method, path and query, a hash of the body and optionally chosen
-//!   headers. A key reused for a different request is answered `422`, also while the first
-//!   request still runs. `canonical_json(true)` fingerprints a JSON body by its value (key
+//! - **Fingerprint**: method, path and query, the request's `Authorization` (so that within
+//!   one scope another credential's request never gets the stored response; see
+//!   [`fingerprint_authorization`](IdempotencyLayerBuilder::fingerprint_authorization) for
+//!   when to turn it off), a hash of the body and optionally chosen headers. A key reused for
+//!   a different request is answered `422`, also while the first request still runs. `canonical_json(true)` fingerprints a JSON body by its value (key
 //!   order and insignificant whitespace ignored). The body is read up to
 //!   [`max_body_bytes`](IdempotencyLayerBuilder::max_body_bytes) (1 MiB by default); over it: `413`, nothing
 //!   stored, the handler not called.
@@ -30,7 +32,12 @@
 //!   [`on_store_error(OnStoreError::FailOpen)`](IdempotencyLayerBuilder::on_store_error), or that policy on
 //!   the coordinator, the handler runs unprotected instead). A handler that panics stores
 //!   nothing and releases its key (`500`). Every error is `application/problem+json` with a
-//!   stable `type` (see [`Problem`]).
+//!   stable `type` (see [`Problem`]); a `500`'s cause (the store's or the handler's error
+//!   text) is logged only, under an incident id the problem's `instance` carries.
+//! - **Stored headers**: only those of
+//!   [`keep_headers`](IdempotencyLayerBuilder::keep_headers); per-caller ones (`Set-Cookie`,
+//!   `Authorization`, ...) are refused, so a replay never hands one caller's session to
+//!   another.
 //! - **Clients that give up**: once a request's key is reserved, its handler runs to its
 //!   end in a task of its own, even if the client disconnects (it timed out, it was killed):
 //!   the response is stored, and the client's retry waits for it or replays it, as Stripe
@@ -103,6 +110,8 @@ struct Config<S> {
     max_body: usize,
     headers: Vec<HeaderName>,
     canonical_json: bool,
+    /// The request's `Authorization` is part of the fingerprint.
+    authorization: bool,
     keep: Arc<Vec<HeaderName>>,
     is_final: fn(StatusCode) -> bool,
     in_flight: Option<InFlight>,
@@ -139,6 +148,7 @@ pub struct IdempotencyLayerBuilder<S> {
     max_body: usize,
     headers: Vec<HeaderName>,
     canonical_json: bool,
+    authorization: bool,
     keep: Vec<HeaderName>,
     is_final: fn(StatusCode) -> bool,
     in_flight: Option<InFlight>,
@@ -158,6 +168,18 @@ impl<S> fmt::Debug for IdempotencyLayerBuilder<S> {
     }
 }
 
+/// Response headers that belong to the caller that got them: never stored, never replayed
+/// ([`IdempotencyLayerBuilder::keep_headers`] refuses them).
+const PER_CALLER: [&str; 7] = [
+    "set-cookie",
+    "set-cookie2",
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "authentication-info",
+    "proxy-authentication-info",
+];
+
 /// Why a layer could not be built.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -165,6 +187,9 @@ pub enum BuildError {
     /// Neither a scope function nor a global scope was chosen: keys would be shared between
     /// callers.
     NoScope,
+    /// A response header that belongs to one caller (`Set-Cookie`, `Authorization`, ...)
+    /// was asked to be kept: a replay would hand it to another.
+    PerCallerHeader(HeaderName),
 }
 
 impl fmt::Display for BuildError {
@@ -172,6 +197,10 @@ impl fmt::Display for BuildError {
         match self {
             BuildError::NoScope => f.write_str(
                 "the idempotency layer needs a scope: scope_by(..) for per-caller keys, or global_scope(..) to share keys on purpose",
+            ),
+            BuildError::PerCallerHeader(name) => write!(
+                f,
+                "the response header {name} belongs to one caller and cannot be stored and replayed"
             ),
         }
     }
@@ -222,9 +251,21 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
         self
     }
 
-    /// Request headers that are part of the fingerprint (none by default).
+    /// Request headers that are part of the fingerprint, besides `Authorization` (none by
+    /// default).
     pub fn fingerprint_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
         self.headers = names.into_iter().collect();
+        self
+    }
+
+    /// Whether the request's `Authorization` header is part of the fingerprint (true by
+    /// default). Within one scope, a request with another credential then never gets the
+    /// stored response: it is refused as `422 key-reused`. Turn it off only when each
+    /// caller has a scope of its own (`scope_by` the authenticated principal) and a
+    /// client's credential may change between its retries (a refreshed access token):
+    /// with it on, such a retry is refused instead of replayed.
+    pub fn fingerprint_authorization(mut self, on: bool) -> Self {
+        self.authorization = on;
         self
     }
 
@@ -237,6 +278,9 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
 
     /// The response headers stored and replayed (by default `content-type`,
     /// `content-language`, `location`, `etag`, `last-modified` and `cache-control`).
+    /// Headers that belong to one caller (`Set-Cookie`, `Authorization`, `Cookie`,
+    /// `Proxy-Authorization`, `Authentication-Info`, ...) are refused:
+    /// [`build`](Self::build) fails with [`BuildError::PerCallerHeader`].
     pub fn keep_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
         self.keep = names.into_iter().collect();
         self
@@ -285,9 +329,13 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
     ///
     /// # Errors
     ///
-    /// [`BuildError::NoScope`] without a scope rule.
+    /// [`BuildError::NoScope`] without a scope rule; [`BuildError::PerCallerHeader`] when
+    /// `keep_headers` names a header that belongs to one caller.
     pub fn build(self) -> Result<IdempotencyLayer<S>, BuildError> {
         let scope = self.scope.ok_or(BuildError::NoScope)?;
+        if let Some(name) = self.keep.iter().find(|n| PER_CALLER.contains(&n.as_str())) {
+            return Err(BuildError::PerCallerHeader(name.clone()));
+        }
         Ok(IdempotencyLayer {
             config: Arc::new(Config {
                 coordinator: self.coordinator,
@@ -298,6 +346,7 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
                 max_body: self.max_body,
                 headers: self.headers,
                 canonical_json: self.canonical_json,
+                authorization: self.authorization,
                 keep: Arc::new(self.keep),
                 is_final: self.is_final,
                 in_flight: self.in_flight,
@@ -346,6 +395,7 @@ impl<S: Store> IdempotencyLayer<S> {
             max_body: 1 << 20,
             headers: Vec::new(),
             canonical_json: false,
+            authorization: true,
             keep: [
                 http::header::CONTENT_TYPE,
                 http::header::CONTENT_LANGUAGE,

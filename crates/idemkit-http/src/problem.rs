@@ -17,7 +17,7 @@ use http::{Response, StatusCode};
 /// | `in-progress` | 409 | reject mode: the first request with this key still runs (`Retry-After`) |
 /// | `key-reused` | 422 | the key was used for a different request |
 /// | `store-unavailable` | 503 | the store is down (fail closed) |
-/// | `internal` | 500 | a stored record that cannot be read, or a response that could not be stored |
+/// | `internal` | 500 | a stored record that cannot be read, a response that could not be stored, a handler that panicked: the text is logged only, under the incident id the problem's `instance` carries |
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Problem {
@@ -74,12 +74,27 @@ impl Problem {
 
     /// The response: `application/problem+json` with `type`, `title`, `status`, `detail`.
     pub fn response<B: From<Bytes>>(self, detail: &str) -> Response<B> {
-        let body = serde_json::json!({
+        self.respond(serde_json::json!({
             "type": format!("urn:idemkit:problem:{}", self.name()),
             "title": self.status().canonical_reason().unwrap_or("error"),
             "status": self.status().as_u16(),
             "detail": detail,
-        });
+        }))
+    }
+
+    /// The response for an error whose text stays in the log: a fixed `detail`, and the
+    /// log line's incident id as `instance` (`urn:idemkit:incident:<id>`).
+    pub fn incident_response<B: From<Bytes>>(self, incident: &str) -> Response<B> {
+        self.respond(serde_json::json!({
+            "type": format!("urn:idemkit:problem:{}", self.name()),
+            "title": self.status().canonical_reason().unwrap_or("error"),
+            "status": self.status().as_u16(),
+            "detail": "an internal error; the server's log has it under this incident id",
+            "instance": format!("urn:idemkit:incident:{incident}"),
+        }))
+    }
+
+    fn respond<B: From<Bytes>>(self, body: serde_json::Value) -> Response<B> {
         let mut resp = Response::new(B::from(Bytes::from(body.to_string())));
         *resp.status_mut() = self.status();
         resp.headers_mut().insert(

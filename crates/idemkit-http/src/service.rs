@@ -184,9 +184,7 @@ where
                 rparts,
                 ResB::from(c.to_bytes()),
             ))),
-            Err(e) => Err(NotFinal(
-                Problem::Internal.response(&format!("the handler's body failed: {e}")),
-            )),
+            Err(e) => Err(NotFinal(internal("the handler's body failed", &e))),
         }
     });
     let result = if config.cancel_with_client {
@@ -204,8 +202,7 @@ where
         match task.await {
             Ok(result) => result,
             Err(e) => {
-                tracing::error!(error = %e, "idempotency layer: the handler panicked");
-                return Problem::Internal.response("the handler failed");
+                return internal("the handler panicked", &e);
             }
         }
     };
@@ -243,11 +240,17 @@ where
         Err(Error::Store { source, .. }) if source.is_unavailable() => {
             Problem::StoreUnavailable.response("the idempotency store is unavailable")
         }
-        Err(e) => {
-            tracing::warn!(error = %e, "idempotency layer: answering 500");
-            Problem::Internal.response(&e.to_string())
-        }
+        Err(e) => internal("answering 500", &e),
     }
+}
+
+/// A `500 internal` problem: the error's text goes to the log only, under an incident id
+/// that the answer carries (its `instance`), so an operator can find the one from the
+/// other and a client learns nothing of the store or the handler (SQL, script errors).
+fn internal<B: From<Bytes>>(what: &str, error: &dyn std::fmt::Display) -> Response<B> {
+    let incident = format!("{:032x}", idemkit_core::OwnerToken::random().as_u128());
+    tracing::error!(incident = %incident, error = %error, "idempotency layer: {what}");
+    Problem::Internal.incident_response(&incident)
 }
 
 /// Dropped with the request's future (its client went away): aborts the detached call if
@@ -300,6 +303,14 @@ fn fingerprint<S>(config: &Config<S>, parts: &http::request::Parts, body: &Bytes
         .path_and_query()
         .map_or("/", http::uri::PathAndQuery::as_str);
     let mut fields: Vec<&[u8]> = vec![parts.method.as_str().as_bytes(), path.as_bytes()];
+    // The credential: within a scope, another caller's request is another request. Its
+    // hash only is stored (the fingerprint), never the header.
+    if config.authorization {
+        fields.push(b"authorization");
+        for v in parts.headers.get_all(http::header::AUTHORIZATION) {
+            fields.push(v.as_bytes());
+        }
+    }
     for name in &config.headers {
         fields.push(name.as_str().as_bytes());
         for v in parts.headers.get_all(name) {
