@@ -17,6 +17,7 @@ use idemkit_core::{
 };
 use idemkit_postgres::PgStore;
 use idemkit_redis::RedisStore;
+use idemkit_seal::{KeySecret, Sealed};
 
 /// The exit codes of the operator's commands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +81,11 @@ pub(crate) struct RecordArgs {
     /// Print JSON instead of lines.
     #[arg(long)]
     pub(crate) json: bool,
+    /// The services store key names hashed (`idemkit_seal::Sealed::hash_keys`): the
+    /// environment variable that holds the secret (read from there, so that it is not on
+    /// the command line).
+    #[arg(long, value_name = "VAR")]
+    pub(crate) key_secret_env: Option<String>,
 }
 
 pub(crate) fn fail(code: Exit, message: impl std::fmt::Display) -> Exit {
@@ -87,11 +93,24 @@ pub(crate) fn fail(code: Exit, message: impl std::fmt::Display) -> Exit {
     code
 }
 
-fn storage_key(r: &RecordArgs) -> Result<StorageKey, KeyError> {
-    let op = Operation::new(r.operation.as_str())?;
-    let key = Key::new(r.key.as_str())?;
-    let scope = r.scope.as_deref().map(Scope::new).transpose()?;
-    Ok(StorageKey::new(&op, scope.as_ref(), &key))
+/// The record's name in the store: the storage key, or its keyed hash when the services
+/// hash their key names.
+fn storage_key(r: &RecordArgs) -> Result<StorageKey, String> {
+    let named = |r: &RecordArgs| -> Result<StorageKey, KeyError> {
+        let op = Operation::new(r.operation.as_str())?;
+        let key = Key::new(r.key.as_str())?;
+        let scope = r.scope.as_deref().map(Scope::new).transpose()?;
+        Ok(StorageKey::new(&op, scope.as_ref(), &key))
+    };
+    let key = named(r).map_err(|e| e.to_string())?;
+    let Some(var) = &r.key_secret_env else {
+        return Ok(key);
+    };
+    let secret = std::env::var_os(var)
+        .ok_or_else(|| format!("--key-secret-env {var}: the variable is not set"))?;
+    let secret = KeySecret::new(secret.into_encoded_bytes())
+        .map_err(|e| format!("--key-secret-env {var}: {e}"))?;
+    Ok(Sealed::new(()).hash_keys(secret).stored_key(&key))
 }
 
 /// The store an operator's command talks to.

@@ -48,11 +48,15 @@ fn keys(n: usize) -> Vec<StorageKey> {
 async fn begin_and_complete_64(store: &RedisStore, port: u16) -> (u64, u64) {
     let keys = keys(64);
     let before = evalsha_calls(port);
+    // All 64 start together (a loaded machine would otherwise run the first ones before the
+    // last are spawned, and "at once" would not be what is measured).
+    let start = std::sync::Arc::new(tokio::sync::Barrier::new(64));
     let begins: Vec<_> = keys
         .iter()
         .map(|k| {
-            let (store, k) = (store.clone(), k.clone());
+            let (store, k, start) = (store.clone(), k.clone(), start.clone());
             tokio::spawn(async move {
+                start.wait().await;
                 let req = BeginRequest::new(&k, OwnerToken::random(), Duration::from_secs(30));
                 match store.begin(&req).await.unwrap() {
                     Claim::Reserved { ownership, .. } => (k, ownership),
@@ -67,11 +71,13 @@ async fn begin_and_complete_64(store: &RedisStore, port: u16) -> (u64, u64) {
     }
     let began = evalsha_calls(port) - before;
     let before = evalsha_calls(port);
+    let start = std::sync::Arc::new(tokio::sync::Barrier::new(64));
     let completes: Vec<_> = leases
         .iter()
         .map(|(k, lease)| {
-            let (store, k, lease) = (store.clone(), k.clone(), *lease);
+            let (store, k, lease, start) = (store.clone(), k.clone(), *lease, start.clone());
             tokio::spawn(async move {
+                start.wait().await;
                 let done = CompleteRequest::new(
                     ResultKind::Value,
                     Bytes::from(format!("em_{k}")),

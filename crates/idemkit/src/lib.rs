@@ -54,3 +54,9 @@ pub mod tower {
 pub mod http {
     pub use idemkit_http::*;
 }
+
+/// Encryption at rest and hashed key names for any store: `idemkit-seal`.
+#[cfg(feature = "seal")]
+pub mod seal {
+    pub use idemkit_seal::*;
+}
