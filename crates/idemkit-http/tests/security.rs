@@ -12,7 +12,7 @@ use bytes::Bytes;
 use http::header::{AUTHORIZATION, CONTENT_TYPE, HeaderName, SET_COOKIE};
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt as _;
-use idemkit_core::{Coordinator, Key, MemoryStore, Operation, RawStore, Scope, StorageKey};
+use idemkit_core::{Coordinator, Key, MemoryStore, Operation, RawStore, Scope, StorageKey, Store};
 use idemkit_http::{BuildError, IdempotencyLayer, IdempotencyLayerBuilder};
 use tower::ServiceExt as _;
 
@@ -203,5 +203,60 @@ async fn an_internal_error_answers_an_id_and_logs_the_text() {
     assert!(
         line.contains("corrupt") || line.contains("record"),
         "{line}"
+    );
+}
+
+/// The layer over a sealed store (encrypted results, hashed key names): a replay is byte for
+/// byte the first response, and the store holds neither the body nor the key's text.
+#[tokio::test]
+async fn over_a_sealed_store_responses_replay_and_rest_encrypted() {
+    use idemkit_seal::{KeySecret, Keyring, Sealed};
+    let inner = MemoryStore::new();
+    let store = Sealed::new(inner.clone())
+        .encrypt(Keyring::new(1, [9; 32]))
+        .hash_keys(KeySecret::new(*b"the http layer's hashing secret!").unwrap());
+    let layer = IdempotencyLayer::builder(
+        Coordinator::new(store.clone()),
+        Operation::new("http.payments").unwrap(),
+    )
+    .global_scope("tenant-1")
+    .unwrap()
+    .build()
+    .unwrap();
+    let app = Router::new()
+        .route(
+            "/pay",
+            post(|| async { (StatusCode::CREATED, "receipt for alice@example.com") }),
+        )
+        .layer(layer);
+    let first = app
+        .clone()
+        .oneshot(request("k-9", "Bearer alice"))
+        .await
+        .unwrap();
+    assert_eq!(body(first).await, "receipt for alice@example.com");
+    let again = app.oneshot(request("k-9", "Bearer alice")).await.unwrap();
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(body(again).await, "receipt for alice@example.com");
+    let plain = StorageKey::new(
+        &Operation::new("http.payments").unwrap(),
+        Some(&Scope::new("tenant-1").unwrap()),
+        &Key::new("k-9").unwrap(),
+    );
+    assert!(
+        inner.get(&plain).await.unwrap().is_none(),
+        "the key's own name"
+    );
+    let record = inner
+        .get(&store.stored_key(&plain))
+        .await
+        .unwrap()
+        .expect("under its hashed name");
+    let idemkit_core::RecordState::Completed(result) = record.state else {
+        panic!("{record:?}")
+    };
+    assert!(
+        !result.bytes().windows(5).any(|w| w == b"alice"),
+        "plaintext at rest"
     );
 }
