@@ -116,7 +116,8 @@ async fn consumer(
             };
             let answer = http
                 .post(format!("{mail}/emails"))
-                .header("idempotency-key", &idempotency_key)
+                // The draft's form, a structured-field string (a bare number is not a key).
+                .header("idempotency-key", format!("\"{idempotency_key}\""))
                 .body("invoice for order-9")
                 .send()
                 .await

@@ -8,8 +8,8 @@
 //! curl -si -X POST localhost:3000/payments -H "x-tenant: acme" -H "idempotency-key: \"$K\"" -d 'amount=10'   # 201, Idempotent-Replayed: true
 //! curl -si -X POST localhost:3000/payments -H "x-tenant: acme" -H "idempotency-key: \"$K\"" -d 'amount=99'   # 422 key-reused
 //! K2=$(date +%s%N)
-//! curl -s -X POST localhost:3000/payments -H "x-tenant: acme" -H "idempotency-key: $K2" -d 'amount=5' &    # a first run...
-//! sleep 0.5; curl -si -X POST localhost:3000/payments -H "x-tenant: acme" -H "idempotency-key: $K2" -d 'amount=5'   # 409, Retry-After
+//! curl -s -X POST localhost:3000/payments -H "x-tenant: acme" -H "idempotency-key: \"$K2\"" -d 'amount=5' &    # a first run...
+//! sleep 0.5; curl -si -X POST localhost:3000/payments -H "x-tenant: acme" -H "idempotency-key: \"$K2\"" -d 'amount=5'   # 409, Retry-After
 //! ```
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -9,10 +9,12 @@
 //! marked with `Idempotent-Replayed: true`. A concurrent retry waits for the first response
 //! (the default) or, in reject mode, gets `409` with `Retry-After`.
 //!
-//! - **The key**: the IETF draft's structured-field string (`Idempotency-Key: "8e03978e"`)
-//!   or Stripe's bare token (`Idempotency-Key: 8e03978e`), both accepted; at most 255
-//!   characters, printable ASCII. Missing on a route that requires it: `400`; malformed or
-//!   over-long: `400`.
+//! - **The key**: an RFC 8941 structured-field Item, as the IETF draft specifies: a string
+//!   (`Idempotency-Key: "8e03978e"`) or a token (`Idempotency-Key: key-8e03978e`), its
+//!   parameters (`;v=1`) ignored; at most 255 characters, printable ASCII. Stripe's bare keys
+//!   that are not tokens (a UUID starting with a digit) need
+//!   [`lenient_bare_keys(true)`](IdempotencyLayerBuilder::lenient_bare_keys). Missing on a
+//!   route that requires it: `400`; malformed or over-long: `400`.
 //! - **Scope**: keys are scoped to the caller, so one client's key never replays another's
 //!   response. The builder requires either a scope function (from an auth extension, a
 //!   tenant header...; a request it cannot scope is refused with `403`) or an explicit, named
@@ -25,9 +27,13 @@
 //!   order and insignificant whitespace ignored). The body is read up to
 //!   [`max_body_bytes`](IdempotencyLayerBuilder::max_body_bytes) (1 MiB by default); over it: `413`, nothing
 //!   stored, the handler not called.
-//! - **What is final**: a user rule, by default 2xx and 4xx except 408, 409, 425 and 429 are
-//!   final (stored and replayed); anything else (5xx) releases the key, so the client's retry
-//!   runs the handler again.
+//! - **What is final**: a response is stored and replayed only when it reports what the
+//!   request did: by default ([`final_by_default`]) 2xx and the 4xx that report an outcome
+//!   (402, 404, 410, ...); the 4xx that refuse a request before it executes (400, 401, 403,
+//!   409, 413, 415, 422, 429, ...), and 5xx, release the key, so the client's corrected or
+//!   later retry runs the handler. A handler overrides the rule per response with a
+//!   [`Finality`] response extension; [`final_when`](IdempotencyLayerBuilder::final_when)
+//!   replaces the rule.
 //! - **Failures**: the store down is `503` (fail closed; with
 //!   [`on_store_error(OnStoreError::FailOpen)`](IdempotencyLayerBuilder::on_store_error), or that policy on
 //!   the coordinator, the handler runs unprotected instead). A handler that panics stores
@@ -112,6 +118,8 @@ struct Config<S> {
     canonical_json: bool,
     /// The request's `Authorization` is part of the fingerprint.
     authorization: bool,
+    /// Bare keys may start with any token character (Stripe's unquoted UUIDs).
+    lenient: bool,
     keep: Arc<Vec<HeaderName>>,
     is_final: fn(StatusCode) -> bool,
     in_flight: Option<InFlight>,
@@ -120,21 +128,60 @@ struct Config<S> {
     cancel_with_client: bool,
 }
 
-/// The default rule for what is final (stored and replayed): 2xx, and 4xx other than 408,
-/// 409, 425 and 429 (which a retry may change).
+/// The default rule for what is final (stored and replayed): a response that reports what
+/// the request did. 2xx, and the 4xx that report an outcome (402 Payment Required, 404 Not
+/// Found, 410 Gone, ...); not the 4xx that refuse a request before it executes (400, 401,
+/// 403, 405-409, 411-415, 417, 421-423, 425, 426, 428, 429, 431: validation,
+/// authentication, preconditions, limits, conflicts), nor 5xx, nor 1xx and 3xx: those
+/// release the key, so a corrected or later retry with it runs. A handler overrides the
+/// rule per response with a [`Finality`] extension; docs/http.md has the table.
 ///
 /// # Example
 ///
 /// ```
 /// use http::StatusCode;
 /// assert!(idemkit_http::final_by_default(StatusCode::CREATED));
-/// assert!(idemkit_http::final_by_default(StatusCode::UNPROCESSABLE_ENTITY));
+/// assert!(idemkit_http::final_by_default(StatusCode::PAYMENT_REQUIRED));
+/// assert!(!idemkit_http::final_by_default(StatusCode::BAD_REQUEST));
+/// assert!(!idemkit_http::final_by_default(StatusCode::UNPROCESSABLE_ENTITY));
 /// assert!(!idemkit_http::final_by_default(StatusCode::TOO_MANY_REQUESTS));
 /// assert!(!idemkit_http::final_by_default(StatusCode::SERVICE_UNAVAILABLE));
 /// ```
 pub fn final_by_default(status: StatusCode) -> bool {
-    status.is_success()
-        || (status.is_client_error() && !matches!(status.as_u16(), 408 | 409 | 425 | 429))
+    status.is_success() || (status.is_client_error() && !REFUSALS.contains(&status.as_u16()))
+}
+
+/// The 4xx statuses that refuse a request before it executes (validation, authentication,
+/// preconditions, limits, conflicts): not final, so a corrected or later retry with the same
+/// key runs. Stripe saves a result only once the endpoint started executing; these are the
+/// answers an endpoint gives before that.
+const REFUSALS: [u16; 22] = [
+    400, 401, 403, 405, 406, 407, 408, 409, 411, 412, 413, 414, 415, 417, 421, 422, 423, 425, 426,
+    428, 429, 431,
+];
+
+/// A handler's own word on whether its response is final, as a response extension: it
+/// overrides the layer's rule ([`final_when`](IdempotencyLayerBuilder::final_when)) for that
+/// response.
+///
+/// # Example
+///
+/// ```
+/// use http::{Response, StatusCode};
+/// use idemkit_http::Finality;
+///
+/// // A declined card is an outcome: replay it, although it is a 4xx.
+/// let mut resp = Response::new("card declined");
+/// *resp.status_mut() = StatusCode::PAYMENT_REQUIRED;
+/// resp.extensions_mut().insert(Finality::Final);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Finality {
+    /// Store the response and replay it to every retry with the key.
+    Final,
+    /// Do not store it: release the key, so a retry runs the handler again.
+    NotFinal,
 }
 
 /// Configures an [`IdempotencyLayer`]. A scope rule is required:
@@ -149,6 +196,7 @@ pub struct IdempotencyLayerBuilder<S> {
     headers: Vec<HeaderName>,
     canonical_json: bool,
     authorization: bool,
+    lenient: bool,
     keep: Vec<HeaderName>,
     is_final: fn(StatusCode) -> bool,
     in_flight: Option<InFlight>,
@@ -269,6 +317,15 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
         self
     }
 
+    /// Accepts Stripe's bare keys that are not structured-field tokens: an unquoted key that
+    /// starts with a digit (`Idempotency-Key: 8e03978e-40d5-...`), as many clients send UUIDs
+    /// (false by default: the draft's Item syntax, see [`parse_key`] and
+    /// [`parse_key_lenient`]).
+    pub fn lenient_bare_keys(mut self, on: bool) -> Self {
+        self.lenient = on;
+        self
+    }
+
     /// Fingerprints a JSON body by its value: key order and insignificant whitespace do not
     /// count (off by default). A body that is not JSON is fingerprinted by its bytes.
     pub fn canonical_json(mut self, on: bool) -> Self {
@@ -347,6 +404,7 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
                 headers: self.headers,
                 canonical_json: self.canonical_json,
                 authorization: self.authorization,
+                lenient: self.lenient,
                 keep: Arc::new(self.keep),
                 is_final: self.is_final,
                 in_flight: self.in_flight,
@@ -396,6 +454,7 @@ impl<S: Store> IdempotencyLayer<S> {
             headers: Vec::new(),
             canonical_json: false,
             authorization: true,
+            lenient: false,
             keep: [
                 http::header::CONTENT_TYPE,
                 http::header::CONTENT_LANGUAGE,
@@ -506,7 +565,7 @@ mod problem;
 mod service;
 mod stored;
 
-pub use key::parse_key;
+pub use key::{parse_key, parse_key_lenient};
 pub use problem::Problem;
 pub use service::ResponseFuture;
 

@@ -16,7 +16,8 @@ use tower_service::Service;
 
 use crate::stored::{NotFinal, ResponseCodec, Stored};
 use crate::{
-    Config, IDEMPOTENCY_KEY, Idempotency, IdempotencyInfo, Problem, REPLAYED, ScopeRule, parse_key,
+    Config, Finality, IDEMPOTENCY_KEY, Idempotency, IdempotencyInfo, Problem, REPLAYED, ScopeRule,
+    parse_key, parse_key_lenient,
 };
 
 /// A body's error, boxed.
@@ -106,7 +107,13 @@ where
         (Some(_), Some(_)) => {
             return Problem::MalformedKey.response("more than one Idempotency-Key header");
         }
-        (Some(v), None) => match parse_key(v.as_bytes()).map(Key::new) {
+        (Some(v), None) => match if config.lenient {
+            parse_key_lenient(v.as_bytes())
+        } else {
+            parse_key(v.as_bytes())
+        }
+        .map(Key::new)
+        {
             Ok(Ok(key)) => key,
             Ok(Err(e)) => return Problem::MalformedKey.response(&e.to_string()),
             Err(e) => return Problem::MalformedKey.response(e),
@@ -175,11 +182,19 @@ where
         let resp = call_inner(&mut inner, Request::from_parts(parts, ReqB::from(bytes))).await;
         let (rparts, rbody) = resp.into_parts();
         match rbody.collect().await {
-            Ok(c) if is_final(rparts.status) => Ok(Stored {
-                status: rparts.status,
-                headers: rparts.headers,
-                body: c.to_bytes(),
-            }),
+            // The handler's own word first (a `Finality` extension), then the rule.
+            Ok(c)
+                if rparts
+                    .extensions
+                    .get::<Finality>()
+                    .map_or_else(|| is_final(rparts.status), |f| *f == Finality::Final) =>
+            {
+                Ok(Stored {
+                    status: rparts.status,
+                    headers: rparts.headers,
+                    body: c.to_bytes(),
+                })
+            }
             Ok(c) => Err(NotFinal(Response::from_parts(
                 rparts,
                 ResB::from(c.to_bytes()),

@@ -1,0 +1,217 @@
+//! Issue 24 over real HTTP (an axum server on a loopback port, reqwest): which responses are
+//! final, and the header's structured-field syntax.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use axum::Router;
+use axum::routing::post;
+use http::StatusCode;
+use idemkit_core::{Coordinator, MemoryStore, Operation};
+use idemkit_http::{Finality, IdempotencyLayer};
+
+async fn serve(app: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}")
+}
+
+fn layer() -> IdempotencyLayer<MemoryStore> {
+    IdempotencyLayer::builder(
+        Coordinator::new(MemoryStore::new()),
+        Operation::new("http.second").unwrap(),
+    )
+    .global_scope("global")
+    .unwrap()
+    .build()
+    .unwrap()
+}
+
+fn key() -> String {
+    format!("k-{:016x}", fastrand::u64(..))
+}
+
+async fn send(url: &str, key: &str, body: &'static str) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(url)
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// Before: `{bad json` got axum's 400, which was stored; the corrected body with the same
+/// key was then `422 key-reused`. Stripe saves a result only once the endpoint executed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_validation_failure_releases_the_key_so_the_corrected_request_runs() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let r = runs.clone();
+    let app = Router::new()
+        .route(
+            "/json",
+            post(move |axum::Json(v): axum::Json<serde_json::Value>| {
+                let r = r.clone();
+                async move {
+                    r.fetch_add(1, Ordering::SeqCst);
+                    (StatusCode::CREATED, v.to_string())
+                }
+            }),
+        )
+        .layer(layer());
+    let url = format!("{}/json", serve(app).await);
+    let k = key();
+    let bad = send(&url, &k, "{bad json").await;
+    assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+    let fixed = send(&url, &k, r#"{"amount":5}"#).await;
+    assert_eq!(
+        fixed.status(),
+        StatusCode::CREATED,
+        "the corrected request runs"
+    );
+    let replay = send(&url, &k, r#"{"amount":5}"#).await;
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// The default rule, status by status: what reports an outcome is stored, what reports
+/// a refusal before executing is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outcomes_are_stored_and_refusals_release_the_key() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let r = runs.clone();
+    let app = Router::new()
+        .route(
+            "/status/{code}",
+            post(move |axum::extract::Path(code): axum::extract::Path<u16>| {
+                let r = r.clone();
+                async move {
+                    r.fetch_add(1, Ordering::SeqCst);
+                    StatusCode::from_u16(code).unwrap()
+                }
+            }),
+        )
+        .layer(layer());
+    let base = serve(app).await;
+    for (code, stored) in [
+        (200, true),
+        (201, true),
+        (402, true),
+        (404, true),
+        (410, true),
+        (400, false),
+        (401, false),
+        (403, false),
+        (408, false),
+        (409, false),
+        (412, false),
+        (413, false),
+        (415, false),
+        (422, false),
+        (428, false),
+        (429, false),
+        (500, false),
+        (503, false),
+    ] {
+        let url = format!("{base}/status/{code}");
+        let k = key();
+        let before = runs.load(Ordering::SeqCst);
+        assert_eq!(send(&url, &k, "{}").await.status().as_u16(), code);
+        let again = send(&url, &k, "{}").await;
+        assert_eq!(again.status().as_u16(), code);
+        let ran_again = runs.load(Ordering::SeqCst) - before == 2;
+        assert_eq!(!ran_again, stored, "{code}: stored {stored}");
+        assert_eq!(
+            again.headers().contains_key("idempotent-replayed"),
+            stored,
+            "{code}"
+        );
+    }
+}
+
+/// The handler decides explicitly with a response extension: a 400 that reports an
+/// outcome is kept; a 201 that must not be replayed releases the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_handler_can_mark_a_response_final_or_not() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (r1, r2) = (runs.clone(), runs.clone());
+    let app = Router::new()
+        .route(
+            "/final-400",
+            post(move || {
+                let r = r1.clone();
+                async move {
+                    r.fetch_add(1, Ordering::SeqCst);
+                    let mut resp = axum::response::IntoResponse::into_response((
+                        StatusCode::BAD_REQUEST,
+                        "card declined: an outcome",
+                    ));
+                    resp.extensions_mut().insert(Finality::Final);
+                    resp
+                }
+            }),
+        )
+        .route(
+            "/not-final-201",
+            post(move || {
+                let r = r2.clone();
+                async move {
+                    r.fetch_add(1, Ordering::SeqCst);
+                    let mut resp =
+                        axum::response::IntoResponse::into_response((StatusCode::CREATED, "x"));
+                    resp.extensions_mut().insert(Finality::NotFinal);
+                    resp
+                }
+            }),
+        )
+        .layer(layer());
+    let base = serve(app).await;
+    let k = key();
+    send(&format!("{base}/final-400"), &k, "{}").await;
+    let again = send(&format!("{base}/final-400"), &k, "{}").await;
+    assert_eq!(again.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let k = key();
+    send(&format!("{base}/not-final-201"), &k, "{}").await;
+    let again = send(&format!("{base}/not-final-201"), &k, "{}").await;
+    assert!(!again.headers().contains_key("idempotent-replayed"));
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+}
+
+/// The header is an RFC 8941 Item: an sf-string or an sf-token, parameters ignored.
+/// Before: `"k";v=1` was 400; `(x)` and `1abc`, neither an Item, were accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_key_is_a_structured_field_item() {
+    let app = Router::new()
+        .route(
+            "/echo",
+            post(|info: idemkit_http::IdempotencyInfo| async move {
+                (StatusCode::CREATED, info.key.to_string())
+            }),
+        )
+        .layer(layer());
+    let url = format!("{}/echo", serve(app).await);
+    for (header, key) in [
+        (r#""k-1";v=1"#, Some("k-1")),
+        (r#""k 2""#, Some("k 2")),
+        ("tok:en/3;a;b=?0", Some("tok:en/3")),
+        ("*star", Some("*star")),
+        ("(x)", None),
+        ("1abc", None),
+        (r#""open"#, None),
+        ("a b", None),
+        (r#""k";"#, None),
+    ] {
+        let resp = send(&url, header, "{}").await;
+        match key {
+            Some(k) => {
+                assert_eq!(resp.status(), StatusCode::CREATED, "{header}");
+                assert_eq!(resp.text().await.unwrap(), k, "{header}");
+            }
+            None => assert_eq!(resp.status(), StatusCode::BAD_REQUEST, "{header}"),
+        }
+    }
+}
