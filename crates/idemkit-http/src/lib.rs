@@ -23,8 +23,9 @@
 //!   one scope another credential's request never gets the stored response; see
 //!   [`fingerprint_authorization`](IdempotencyLayerBuilder::fingerprint_authorization) for
 //!   when to turn it off), a hash of the body and optionally chosen headers. A key reused for
-//!   a different request is answered `422`, also while the first request still runs. `canonical_json(true)` fingerprints a JSON body by its value (key
-//!   order and insignificant whitespace ignored). The body is read up to
+//!   a different request is answered `422`, also while the first request still runs. A JSON
+//!   body counts by its value (member order, whitespace, escapes and number spelling
+//!   ignored; [`canonical_json(false)`](IdempotencyLayerBuilder::canonical_json) for bytes). The body is read up to
 //!   [`max_body_bytes`](IdempotencyLayerBuilder::max_body_bytes) (1 MiB by default); over it: `413`, nothing
 //!   stored, the handler not called.
 //! - **What is final**: a response is stored and replayed only when it reports what the
@@ -326,8 +327,12 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
         self
     }
 
-    /// Fingerprints a JSON body by its value: key order and insignificant whitespace do not
-    /// count (off by default). A body that is not JSON is fingerprinted by its bytes.
+    /// Fingerprints a JSON body by its value (on by default): member order, whitespace,
+    /// string escapes and number spelling (`1.0`, `1e0`, `1`) do not count. A body is JSON by
+    /// its `Content-Type` (`application/json` or a `+json` type; without one, if it parses);
+    /// other bodies, and JSON that does not parse, count by their bytes. The canonical form is
+    /// idemkit's own (members sorted by key), independent of serde_json's features. Off: every
+    /// body by its bytes.
     pub fn canonical_json(mut self, on: bool) -> Self {
         self.canonical_json = on;
         self
@@ -452,7 +457,7 @@ impl<S: Store> IdempotencyLayer<S> {
             required: false,
             max_body: 1 << 20,
             headers: Vec::new(),
-            canonical_json: false,
+            canonical_json: true,
             authorization: true,
             lenient: false,
             keep: [
@@ -560,6 +565,7 @@ impl<St: Send + Sync> axum::extract::FromRequestParts<St> for IdempotencyInfo {
     }
 }
 
+mod canonical;
 mod key;
 mod problem;
 mod service;

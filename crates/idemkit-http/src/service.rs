@@ -297,21 +297,34 @@ where
     }
 }
 
-/// Method, path and query, the chosen headers, and the body (its JSON value when
-/// `canonical_json` is on and it parses).
+/// Whether a request's body is JSON by its `Content-Type` (`application/json`, or any
+/// `+json` type); a body without one counts if it parses.
+fn json_body(parts: &http::request::Parts) -> Option<bool> {
+    let ct = parts
+        .headers
+        .get(http::header::CONTENT_TYPE)?
+        .to_str()
+        .ok()?;
+    let essence = ct
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    Some(essence == "application/json" || essence.ends_with("+json"))
+}
+
+/// Method, path and query, `Authorization`, the chosen headers, and the body: a JSON body by
+/// its value (its canonical spelling, `canonical.rs`) when `canonical_json` is on.
 fn fingerprint<S>(config: &Config<S>, parts: &http::request::Parts, body: &Bytes) -> Fingerprint {
     let canonical;
-    let body: &[u8] = if config.canonical_json {
-        match serde_json::from_slice::<serde_json::Value>(body) {
-            // serde_json's maps are sorted by key and serialised without whitespace.
-            Ok(v) => {
-                canonical = v.to_string();
-                canonical.as_bytes()
-            }
-            Err(_) => body,
+    let json = config.canonical_json && json_body(parts) != Some(false);
+    let body: &[u8] = match json.then(|| serde_json::from_slice::<serde_json::Value>(body)) {
+        Some(Ok(v)) => {
+            canonical = crate::canonical::canonical(&v);
+            canonical.as_bytes()
         }
-    } else {
-        body
+        _ => body,
     };
     let path = parts
         .uri

@@ -215,3 +215,78 @@ async fn the_key_is_a_structured_field_item() {
         }
     }
 }
+
+/// JSON is compared by value by default (for `application/json` bodies): key order,
+/// whitespace, escapes and number spelling do not make another request. Before: byte for
+/// byte unless `canonical_json(true)`, which relied on serde_json's map order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_is_compared_by_value_by_default() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let r = runs.clone();
+    let handler = move || {
+        let r = r.clone();
+        async move {
+            r.fetch_add(1, Ordering::SeqCst);
+            StatusCode::CREATED
+        }
+    };
+    let opted_out = IdempotencyLayer::builder(
+        Coordinator::new(MemoryStore::new()),
+        Operation::new("http.second").unwrap(),
+    )
+    .global_scope("global")
+    .unwrap()
+    .canonical_json(false)
+    .build()
+    .unwrap();
+    let base = serve(
+        Router::new()
+            .route("/pay", post(handler.clone()))
+            .layer(layer())
+            .merge(
+                Router::new()
+                    .route("/bytes", post(handler))
+                    .layer(opted_out),
+            ),
+    )
+    .await;
+    let pay = format!("{base}/pay");
+    for (first, again) in [
+        (
+            r#"{"amount": 10, "to": "acme", "meta": {"b": 1, "a": [1, 2.5]}}"#,
+            r#"{"to":"acme","meta":{"a":[1,2.5],"b":1},"amount":10}"#,
+        ),
+        (r#"{"name": "caf\u00e9"}"#, r#"{"name":"café"}"#),
+        (r#"{"n": 1.0}"#, r#"{"n":1}"#),
+        (r#"{"n": 100}"#, r#"{"n":1e2}"#),
+        (r#"{"n": 1.50}"#, r#"{"n":1.5}"#),
+        (r#"{"s": "\/"}"#, r#"{"s":"/"}"#),
+    ] {
+        let k = key();
+        assert_eq!(send(&pay, &k, first).await.status(), StatusCode::CREATED);
+        let replay = send(&pay, &k, again).await;
+        assert_eq!(replay.status(), StatusCode::CREATED, "{first} vs {again}");
+        assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    }
+    // Another value is another request.
+    for (first, other) in [
+        (r#"{"n": 1}"#, r#"{"n": 2}"#),
+        (r#"{"a": [1, 2]}"#, r#"{"a": [2, 1]}"#),
+        (r#"{"a": {"b": 1}}"#, r#"{"a": {"b": "1"}}"#),
+    ] {
+        let k = key();
+        send(&pay, &k, first).await;
+        let refused = send(&pay, &k, other).await;
+        assert_eq!(
+            refused.status(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{other}"
+        );
+    }
+    // Opted out: bytes.
+    let k = key();
+    let bytes = format!("{base}/bytes");
+    send(&bytes, &k, r#"{"a": 1, "b": 2}"#).await;
+    let other = send(&bytes, &k, r#"{"b":2,"a":1}"#).await;
+    assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
+}
