@@ -121,6 +121,10 @@ struct Config<S> {
     authorization: bool,
     /// Bare keys may start with any token character (Stripe's unquoted UUIDs).
     lenient: bool,
+    /// The builder's typical run time, if given.
+    retry_hint: Option<Duration>,
+    /// The route's recent handler run times (for `Retry-After` without a hint).
+    recent: RecentRuns,
     keep: Arc<Vec<HeaderName>>,
     is_final: fn(StatusCode) -> bool,
     in_flight: Option<InFlight>,
@@ -161,6 +165,41 @@ const REFUSALS: [u16; 22] = [
     428, 429, 431,
 ];
 
+/// The last [`RecentRuns::KEPT`] handler run times of a layer, for a `Retry-After` that fits
+/// the route.
+#[derive(Debug, Default)]
+pub(crate) struct RecentRuns {
+    runs: std::sync::Mutex<std::collections::VecDeque<Duration>>,
+}
+
+impl RecentRuns {
+    const KEPT: usize = 32;
+
+    pub(crate) fn record(&self, run: Duration) {
+        let mut runs = self
+            .runs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if runs.len() == Self::KEPT {
+            runs.pop_front();
+        }
+        runs.push_back(run);
+    }
+
+    /// The median, once a run has ended.
+    pub(crate) fn median(&self) -> Option<Duration> {
+        let mut runs: Vec<Duration> = self
+            .runs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .copied()
+            .collect();
+        runs.sort_unstable();
+        runs.get(runs.len() / 2).copied()
+    }
+}
+
 /// A handler's own word on whether its response is final, as a response extension: it
 /// overrides the layer's rule ([`final_when`](IdempotencyLayerBuilder::final_when)) for that
 /// response.
@@ -198,6 +237,7 @@ pub struct IdempotencyLayerBuilder<S> {
     canonical_json: bool,
     authorization: bool,
     lenient: bool,
+    retry_hint: Option<Duration>,
     keep: Vec<HeaderName>,
     is_final: fn(StatusCode) -> bool,
     in_flight: Option<InFlight>,
@@ -362,6 +402,16 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
         self
     }
 
+    /// How long a request with this layer typically runs: a concurrent retry refused with
+    /// `409` is told to come back (`Retry-After`) after this minus how long the first request
+    /// has run, at least 1 s, never more than its lease. Without it, the layer learns the
+    /// figure: the median of the route's last 32 handler runs (until the first run ends, the
+    /// time left on the lease).
+    pub fn retry_hint(mut self, typical: Duration) -> Self {
+        self.retry_hint = Some(typical);
+        self
+    }
+
     /// How long a response is kept (the policy's TTL otherwise): longer than clients retry.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = Some(ttl);
@@ -410,6 +460,8 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
                 canonical_json: self.canonical_json,
                 authorization: self.authorization,
                 lenient: self.lenient,
+                retry_hint: self.retry_hint,
+                recent: RecentRuns::default(),
                 keep: Arc::new(self.keep),
                 is_final: self.is_final,
                 in_flight: self.in_flight,
@@ -460,6 +512,7 @@ impl<S: Store> IdempotencyLayer<S> {
             canonical_json: true,
             authorization: true,
             lenient: false,
+            retry_hint: None,
             keep: [
                 http::header::CONTENT_TYPE,
                 http::header::CONTENT_LANGUAGE,

@@ -175,13 +175,17 @@ where
     // end even if the client goes away.
     let started = Arc::new(AtomicBool::new(false));
     let starts = started.clone();
+    let timing = config.clone();
     let run = call.codec(codec).run(move |attempt| async move {
         starts.store(true, Ordering::SeqCst);
+        let began = tokio::time::Instant::now();
         info.fencing = attempt.fencing_token();
         parts.extensions.insert(info);
         let resp = call_inner(&mut inner, Request::from_parts(parts, ReqB::from(bytes))).await;
         let (rparts, rbody) = resp.into_parts();
-        match rbody.collect().await {
+        let collected = rbody.collect().await;
+        timing.recent.record(began.elapsed());
+        match collected {
             // The handler's own word first (a `Finality` extension), then the rule.
             Ok(c)
                 if rparts
@@ -239,8 +243,18 @@ where
             resp
         }
         Err(Error::Action(NotFinal(resp))) => resp,
-        Err(e @ Error::InFlight { .. }) => {
-            let after = e.retry_after().unwrap_or_default();
+        Err(Error::InFlight {
+            retry_after,
+            lease_left,
+            held_for,
+        }) => {
+            // What is left of a typical run (the hint, or the route's recent median), else
+            // the coordinator's answer (the time left on the lease); never past the lease.
+            let typical = config.retry_hint.or_else(|| config.recent.median());
+            let after = match (typical, held_for) {
+                (Some(t), held) => t.saturating_sub(held.unwrap_or_default()).min(lease_left),
+                (None, _) => retry_after,
+            };
             // Whole seconds, rounded up: "Retry-After: 0" would invite an immediate retry.
             let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
             let mut resp = Problem::InProgress

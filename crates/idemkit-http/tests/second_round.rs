@@ -290,3 +290,61 @@ async fn json_is_compared_by_value_by_default() {
     let other = send(&bytes, &k, r#"{"b":2,"a":1}"#).await;
     assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
 }
+
+/// A route whose handler takes 1.2 s, in reject mode; `hint` sets the layer's retry hint.
+async fn slow(hint: Option<std::time::Duration>) -> String {
+    let mut b = IdempotencyLayer::builder(
+        Coordinator::new(MemoryStore::new()),
+        Operation::new("http.slow").unwrap(),
+    )
+    .global_scope("global")
+    .unwrap()
+    .in_flight(idemkit_core::InFlight::Reject);
+    if let Some(h) = hint {
+        b = b.retry_hint(h);
+    }
+    let app = Router::new()
+        .route(
+            "/charge",
+            post(|| async {
+                tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+                StatusCode::CREATED
+            }),
+        )
+        .layer(b.build().unwrap());
+    format!("{}/charge", serve(app).await)
+}
+
+/// A concurrent retry 0.3 s into the first request's run; its `Retry-After` in seconds.
+async fn retry_after_mid_flight(url: &str) -> u64 {
+    let k = key();
+    let first = tokio::spawn({
+        let (url, k) = (url.to_string(), k.clone());
+        async move { send(&url, &k, "{}").await.status() }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let retry = send(url, &k, "{}").await;
+    assert_eq!(retry.status(), StatusCode::CONFLICT);
+    let secs = retry.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(first.await.unwrap(), StatusCode::CREATED);
+    secs
+}
+
+/// Before: `Retry-After` on the 409 was the whole remaining lease (15 s for a 1.2 s
+/// charge), and the builder could not set a hint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_is_what_is_left_of_a_typical_run() {
+    // A hint: 1.5 s typical, 0.3 s spent: 2 s (rounded up), not the lease.
+    let hinted = slow(Some(std::time::Duration::from_millis(1500))).await;
+    assert_eq!(retry_after_mid_flight(&hinted).await, 2);
+    // No hint: learned from the route's recent runs (1.2 s each): 1 s at least, never 15.
+    let learned = slow(None).await;
+    let first_guess = retry_after_mid_flight(&learned).await;
+    assert!(first_guess <= 15, "{first_guess}");
+    let after_history = retry_after_mid_flight(&learned).await;
+    assert!((1..=2).contains(&after_history), "{after_history}");
+}
