@@ -123,6 +123,8 @@ struct Config<S> {
     lenient: bool,
     /// The builder's typical run time, if given.
     retry_hint: Option<Duration>,
+    /// The base URL of the API's documentation of the layer's problems.
+    problem_docs: Option<String>,
     /// The route's recent handler run times (for `Retry-After` without a hint).
     recent: RecentRuns,
     keep: Arc<Vec<HeaderName>>,
@@ -170,6 +172,17 @@ const REFUSALS: [u16; 22] = [
 #[derive(Debug, Default)]
 pub(crate) struct RecentRuns {
     runs: std::sync::Mutex<std::collections::VecDeque<Duration>>,
+}
+
+impl<S> Config<S> {
+    /// One of the layer's problems, under the API's documentation if it has one.
+    pub(crate) fn problem<B: From<bytes::Bytes>>(
+        &self,
+        p: Problem,
+        detail: &str,
+    ) -> http::Response<B> {
+        p.render(detail, None, self.problem_docs.as_deref())
+    }
 }
 
 impl RecentRuns {
@@ -238,6 +251,7 @@ pub struct IdempotencyLayerBuilder<S> {
     authorization: bool,
     lenient: bool,
     retry_hint: Option<Duration>,
+    problem_docs: Option<String>,
     keep: Vec<HeaderName>,
     is_final: fn(StatusCode) -> bool,
     in_flight: Option<InFlight>,
@@ -402,6 +416,15 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
         self
     }
 
+    /// The base URL of your API's documentation of the layer's errors: each problem's
+    /// `type` becomes `<base>/<name>` (`https://docs.example.com/errors/key-reused`) instead
+    /// of `urn:idemkit:problem:<name>`, and the answer links it
+    /// (`Link: <type>; rel="describedby"; type="text/html"`), as the draft's examples do.
+    pub fn problem_docs(mut self, base: impl Into<String>) -> Self {
+        self.problem_docs = Some(base.into());
+        self
+    }
+
     /// How long a request with this layer typically runs: a concurrent retry refused with
     /// `409` is told to come back (`Retry-After`) after this minus how long the first request
     /// has run, at least 1 s, never more than its lease. Without it, the layer learns the
@@ -461,6 +484,7 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
                 authorization: self.authorization,
                 lenient: self.lenient,
                 retry_hint: self.retry_hint,
+                problem_docs: self.problem_docs,
                 recent: RecentRuns::default(),
                 keep: Arc::new(self.keep),
                 is_final: self.is_final,
@@ -513,6 +537,7 @@ impl<S: Store> IdempotencyLayer<S> {
             authorization: true,
             lenient: false,
             retry_hint: None,
+            problem_docs: None,
             keep: [
                 http::header::CONTENT_TYPE,
                 http::header::CONTENT_LANGUAGE,

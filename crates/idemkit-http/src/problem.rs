@@ -5,7 +5,9 @@ use http::header::HeaderValue;
 use http::{Response, StatusCode};
 
 /// The problems the layer answers with, as `application/problem+json` (RFC 9457): each has
-/// a stable `type`, `urn:idemkit:problem:<name>`.
+/// a stable `type`, `urn:idemkit:problem:<name>`, or `<base>/<name>` under the API's own
+/// documentation with [`problem_docs`](crate::IdempotencyLayerBuilder::problem_docs) (which
+/// also links it: `Link: <type>; rel="describedby"`).
 ///
 /// | problem | status | when |
 /// |---|---|---|
@@ -74,24 +76,56 @@ impl Problem {
 
     /// The response: `application/problem+json` with `type`, `title`, `status`, `detail`.
     pub fn response<B: From<Bytes>>(self, detail: &str) -> Response<B> {
-        self.respond(serde_json::json!({
-            "type": format!("urn:idemkit:problem:{}", self.name()),
-            "title": self.status().canonical_reason().unwrap_or("error"),
-            "status": self.status().as_u16(),
-            "detail": detail,
-        }))
+        self.render(detail, None, None)
     }
 
     /// The response for an error whose text stays in the log: a fixed `detail`, and the
     /// log line's incident id as `instance` (`urn:idemkit:incident:<id>`).
     pub fn incident_response<B: From<Bytes>>(self, incident: &str) -> Response<B> {
-        self.respond(serde_json::json!({
-            "type": format!("urn:idemkit:problem:{}", self.name()),
+        self.render(
+            "an internal error; the server's log has it under this incident id",
+            Some(incident),
+            None,
+        )
+    }
+
+    /// The problem's `type`: `urn:idemkit:problem:<name>`, or `<docs>/<name>` under the API's
+    /// own documentation (see
+    /// [`problem_docs`](crate::IdempotencyLayerBuilder::problem_docs)).
+    pub fn type_uri(self, docs: Option<&str>) -> String {
+        match docs {
+            Some(base) => format!("{}/{}", base.trim_end_matches('/'), self.name()),
+            None => format!("urn:idemkit:problem:{}", self.name()),
+        }
+    }
+
+    /// The response, with an incident id (`instance`) and documentation (`type` under
+    /// `docs`, and a `Link: <type>; rel="describedby"` as the draft's examples show).
+    pub(crate) fn render<B: From<Bytes>>(
+        self,
+        detail: &str,
+        incident: Option<&str>,
+        docs: Option<&str>,
+    ) -> Response<B> {
+        let kind = self.type_uri(docs);
+        let mut body = serde_json::json!({
+            "type": kind,
             "title": self.status().canonical_reason().unwrap_or("error"),
             "status": self.status().as_u16(),
-            "detail": "an internal error; the server's log has it under this incident id",
-            "instance": format!("urn:idemkit:incident:{incident}"),
-        }))
+            "detail": detail,
+        });
+        if let Some(id) = incident {
+            body["instance"] = format!("urn:idemkit:incident:{id}").into();
+        }
+        let mut resp = self.respond(body);
+        if docs.is_some()
+            && let Ok(link) = HeaderValue::from_str(&format!(
+                "<{kind}>; rel=\"describedby\"; type=\"text/html\""
+            ))
+        {
+            resp.headers_mut().insert(http::header::LINK, link);
+        }
+        resp
     }
 
     fn respond<B: From<Bytes>>(self, body: serde_json::Value) -> Response<B> {

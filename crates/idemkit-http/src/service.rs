@@ -101,11 +101,17 @@ where
     let mut values = parts.headers.get_all(&IDEMPOTENCY_KEY).iter();
     let key = match (values.next(), values.next()) {
         (None, _) if config.required => {
-            return Problem::MissingKey.response("this request requires an Idempotency-Key header");
+            return config.problem(
+                Problem::MissingKey,
+                "this request requires an Idempotency-Key header",
+            );
         }
         (None, _) => return call_inner(&mut inner, Request::from_parts(parts, body)).await,
         (Some(_), Some(_)) => {
-            return Problem::MalformedKey.response("more than one Idempotency-Key header");
+            return config.problem(
+                Problem::MalformedKey,
+                "more than one Idempotency-Key header",
+            );
         }
         (Some(v), None) => match if config.lenient {
             parse_key_lenient(v.as_bytes())
@@ -115,8 +121,8 @@ where
         .map(Key::new)
         {
             Ok(Ok(key)) => key,
-            Ok(Err(e)) => return Problem::MalformedKey.response(&e.to_string()),
-            Err(e) => return Problem::MalformedKey.response(e),
+            Ok(Err(e)) => return config.problem(Problem::MalformedKey, &e.to_string()),
+            Err(e) => return config.problem(Problem::MalformedKey, e),
         },
     };
     let scope = match &config.scope {
@@ -124,8 +130,10 @@ where
         ScopeRule::By(f) => match f(&parts) {
             Some(s) => s,
             None => {
-                return Problem::UnscopedRequest
-                    .response("this request cannot be scoped to a caller, so its key is refused");
+                return config.problem(
+                    Problem::UnscopedRequest,
+                    "this request cannot be scoped to a caller, so its key is refused",
+                );
             }
         },
     };
@@ -135,12 +143,15 @@ where
     {
         Ok(c) => c.to_bytes(),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            return Problem::BodyTooLarge.response(&format!(
-                "the body is over {} bytes: nothing was stored",
-                config.max_body
-            ));
+            return config.problem(
+                Problem::BodyTooLarge,
+                &format!(
+                    "the body is over {} bytes: nothing was stored",
+                    config.max_body
+                ),
+            );
         }
-        Err(e) => return Problem::UnreadableBody.response(&e.to_string()),
+        Err(e) => return config.problem(Problem::UnreadableBody, &e.to_string()),
     };
     let fingerprint = fingerprint(&config, &parts, &bytes);
     let mut info = IdempotencyInfo {
@@ -203,7 +214,7 @@ where
                 rparts,
                 ResB::from(c.to_bytes()),
             ))),
-            Err(e) => Err(NotFinal(internal("the handler's body failed", &e))),
+            Err(e) => Err(NotFinal(internal(&timing, "the handler's body failed", &e))),
         }
     });
     let result = if config.cancel_with_client {
@@ -221,7 +232,7 @@ where
         match task.await {
             Ok(result) => result,
             Err(e) => {
-                return internal("the handler panicked", &e);
+                return internal(&config, "the handler panicked", &e);
             }
         }
     };
@@ -257,29 +268,41 @@ where
             };
             // Whole seconds, rounded up: "Retry-After: 0" would invite an immediate retry.
             let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
-            let mut resp = Problem::InProgress
-                .response("a request with this key is still being processed; retry later");
+            let mut resp = config.problem(
+                Problem::InProgress,
+                "a request with this key is still being processed; retry later",
+            );
             resp.headers_mut()
                 .insert(http::header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
             resp
         }
-        Err(Error::KeyReused) => {
-            Problem::KeyReused.response("this Idempotency-Key was used for a different request")
-        }
-        Err(Error::Store { source, .. }) if source.is_unavailable() => {
-            Problem::StoreUnavailable.response("the idempotency store is unavailable")
-        }
-        Err(e) => internal("answering 500", &e),
+        Err(Error::KeyReused) => config.problem(
+            Problem::KeyReused,
+            "this Idempotency-Key was used for a different request",
+        ),
+        Err(Error::Store { source, .. }) if source.is_unavailable() => config.problem(
+            Problem::StoreUnavailable,
+            "the idempotency store is unavailable",
+        ),
+        Err(e) => internal(&config, "answering 500", &e),
     }
 }
 
 /// A `500 internal` problem: the error's text goes to the log only, under an incident id
 /// that the answer carries (its `instance`), so an operator can find the one from the
 /// other and a client learns nothing of the store or the handler (SQL, script errors).
-fn internal<B: From<Bytes>>(what: &str, error: &dyn std::fmt::Display) -> Response<B> {
+fn internal<S, B: From<Bytes>>(
+    config: &Config<S>,
+    what: &str,
+    error: &dyn std::fmt::Display,
+) -> Response<B> {
     let incident = format!("{:032x}", idemkit_core::OwnerToken::random().as_u128());
     tracing::error!(incident = %incident, error = %error, "idempotency layer: {what}");
-    Problem::Internal.incident_response(&incident)
+    Problem::Internal.render(
+        "an internal error; the server's log has it under this incident id",
+        Some(&incident),
+        config.problem_docs.as_deref(),
+    )
 }
 
 /// Dropped with the request's future (its client went away): aborts the detached call if

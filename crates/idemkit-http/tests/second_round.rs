@@ -348,3 +348,50 @@ async fn retry_after_is_what_is_left_of_a_typical_run() {
     let after_history = retry_after_mid_flight(&learned).await;
     assert!((1..=2).contains(&after_history), "{after_history}");
 }
+
+/// Before: problem types were `urn:idemkit:problem:…` with no way to point at the API's
+/// own documentation; the draft's examples link it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn problems_can_link_the_apis_own_documentation() {
+    let documented = IdempotencyLayer::builder(
+        Coordinator::new(MemoryStore::new()),
+        Operation::new("http.docs").unwrap(),
+    )
+    .global_scope("global")
+    .unwrap()
+    .required(true)
+    .problem_docs("https://docs.example.com/errors/")
+    .build()
+    .unwrap();
+    let app = Router::new()
+        .route("/pay", post(|| async { StatusCode::CREATED }))
+        .layer(documented);
+    let url = format!("{}/pay", serve(app).await);
+    let missing = reqwest::Client::new().post(&url).send().await.unwrap();
+    assert_eq!(missing.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        missing.headers()["link"],
+        r#"<https://docs.example.com/errors/missing-key>; rel="describedby"; type="text/html""#
+    );
+    let problem: serde_json::Value =
+        serde_json::from_slice(&missing.bytes().await.unwrap()).unwrap();
+    assert_eq!(
+        problem["type"],
+        "https://docs.example.com/errors/missing-key"
+    );
+    // Without the option: the stable URN, no link.
+    let url = format!(
+        "{}/pay",
+        serve(
+            Router::new()
+                .route("/pay", post(|| async { StatusCode::CREATED }))
+                .layer(layer())
+        )
+        .await
+    );
+    let malformed = send(&url, "(x)", "{}").await;
+    assert!(!malformed.headers().contains_key("link"));
+    let problem: serde_json::Value =
+        serde_json::from_slice(&malformed.bytes().await.unwrap()).unwrap();
+    assert_eq!(problem["type"], "urn:idemkit:problem:malformed-key");
+}
