@@ -198,6 +198,68 @@ async fn fifty_concurrent_identical_posts_on_redis_run_once() {
     fifty_concurrent_identical_posts(store.unwrap()).await;
 }
 
+/// The same on PostgreSQL (issue 24: the layer on every store).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_concurrent_identical_posts_on_postgres_run_once() {
+    let url = std::env::var("IDEMKIT_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let store = idemkit_postgres::PgStore::builder()
+        .schema("idemkit_http_test")
+        .max_connections(8)
+        .connect(&url)
+        .await;
+    if !idemkit_test::require_service(&format!("postgres at {url}"), store.is_ok()) {
+        return;
+    }
+    let store = store.unwrap();
+    store.migrate().await.unwrap();
+    fifty_concurrent_identical_posts(store).await;
+}
+
+/// Over HTTP/2 (prior knowledge, one connection multiplexing all requests): one run, the
+/// same response for all, the replay marked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn over_http2_concurrent_identical_posts_run_once() {
+    let app = App::default();
+    let url = serve(router(
+        tenant_layer(MemoryStore::new(), InFlight::Wait),
+        app.clone(),
+    ))
+    .await;
+    let client = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let k = key();
+    let calls: Vec<_> = (0..20)
+        .map(|_| {
+            let (client, url, k) = (client.clone(), format!("{url}/payments"), k.clone());
+            tokio::spawn(async move {
+                let r = post_to(&client, &url, Some(&k), Some("acme"), b"amount=10").await;
+                assert_eq!(r.version(), reqwest::Version::HTTP_2);
+                (r.status(), r.bytes().await.unwrap())
+            })
+        })
+        .collect();
+    let mut bodies = Vec::new();
+    for c in calls {
+        let (status, body) = c.await.unwrap();
+        assert_eq!(status, StatusCode::CREATED);
+        bodies.push(body);
+    }
+    assert_eq!(app.runs.load(Ordering::SeqCst), 1);
+    assert!(bodies.windows(2).all(|w| w[0] == w[1]));
+    let again = post_to(
+        &client,
+        &format!("{url}/payments"),
+        Some(&k),
+        Some("acme"),
+        b"amount=10",
+    )
+    .await;
+    assert_eq!(again.headers()[REPLAYED.as_str()], "true");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn in_reject_mode_one_succeeds_and_the_others_get_409_with_retry_after() {
     let app = App::default();
