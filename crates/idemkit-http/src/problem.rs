@@ -19,6 +19,7 @@ use http::{Response, StatusCode};
 /// | `in-progress` | 409 | reject mode: the first request with this key still runs (`Retry-After`) |
 /// | `key-reused` | 422 | the key was used for a different request |
 /// | `store-unavailable` | 503 | the store is down (fail closed) |
+/// | `result-unavailable` | the original status | a retry of a request whose response was too large to store (over the policy's `max_result_bytes`): executed, its response not kept |
 /// | `internal` | 500 | a stored record that cannot be read, a response that could not be stored, a handler that panicked: the text is logged only, under the incident id the problem's `instance` carries |
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -41,6 +42,9 @@ pub enum Problem {
     StoreUnavailable,
     /// 500: anything else.
     Internal,
+    /// The request was executed, but its response was too large to store: a retry gets
+    /// this with the original status (not an error status: the effect is done).
+    ResultUnavailable,
 }
 
 impl Problem {
@@ -56,6 +60,7 @@ impl Problem {
             Problem::KeyReused => "key-reused",
             Problem::StoreUnavailable => "store-unavailable",
             Problem::Internal => "internal",
+            Problem::ResultUnavailable => "result-unavailable",
         }
     }
 
@@ -71,6 +76,8 @@ impl Problem {
             Problem::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Problem::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Problem::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            // Replaced by the original status when answered.
+            Problem::ResultUnavailable => StatusCode::OK,
         }
     }
 
@@ -107,17 +114,34 @@ impl Problem {
         incident: Option<&str>,
         docs: Option<&str>,
     ) -> Response<B> {
+        self.render_as(self.status(), detail, incident, docs)
+    }
+
+    /// [`render`](Self::render) under another status (`result-unavailable` answers with the
+    /// original request's).
+    pub(crate) fn render_as<B: From<Bytes>>(
+        self,
+        status: StatusCode,
+        detail: &str,
+        incident: Option<&str>,
+        docs: Option<&str>,
+    ) -> Response<B> {
         let kind = self.type_uri(docs);
         let mut body = serde_json::json!({
             "type": kind,
-            "title": self.status().canonical_reason().unwrap_or("error"),
-            "status": self.status().as_u16(),
+            "title": if self == Problem::ResultUnavailable {
+                "Result unavailable"
+            } else {
+                status.canonical_reason().unwrap_or("error")
+            },
+            "status": status.as_u16(),
             "detail": detail,
         });
         if let Some(id) = incident {
             body["instance"] = format!("urn:idemkit:incident:{id}").into();
         }
         let mut resp = self.respond(body);
+        *resp.status_mut() = status;
         if docs.is_some()
             && let Ok(link) = HeaderValue::from_str(&format!(
                 "<{kind}>; rel=\"describedby\"; type=\"text/html\""

@@ -187,6 +187,14 @@ where
     let started = Arc::new(AtomicBool::new(false));
     let starts = started.clone();
     let timing = config.clone();
+    // A response too large to store goes to its first client from here; the store keeps
+    // only its status (`Stored::omitted`).
+    let storable = config
+        .coordinator
+        .policy_for(&config.operation)
+        .max_result_bytes;
+    let whole: Arc<std::sync::Mutex<Option<Stored>>> = Arc::default();
+    let aside = whole.clone();
     let run = call.codec(codec).run(move |attempt| async move {
         starts.store(true, Ordering::SeqCst);
         let began = tokio::time::Instant::now();
@@ -204,11 +212,26 @@ where
                     .get::<Finality>()
                     .map_or_else(|| is_final(rparts.status), |f| *f == Finality::Final) =>
             {
-                Ok(Stored {
+                let stored = Stored {
                     status: rparts.status,
                     headers: rparts.headers,
                     body: c.to_bytes(),
-                })
+                    omitted: None,
+                };
+                // The headers' share is small and bounded by the kept list: leave room for it.
+                if stored.body.len() + 4096 <= storable {
+                    return Ok(stored);
+                }
+                let marker = Stored {
+                    status: stored.status,
+                    headers: http::HeaderMap::new(),
+                    body: Bytes::new(),
+                    omitted: Some(stored.body.len() as u64),
+                };
+                *aside
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(stored);
+                Ok(marker)
             }
             Ok(c) => Err(NotFinal(Response::from_parts(
                 rparts,
@@ -239,11 +262,34 @@ where
     match result {
         Ok(receipt) => {
             let replayed = receipt.is_replay();
+            let taken = whole
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take();
+            let stored = match taken {
+                Some(whole) if !replayed => whole,
+                _ => receipt.value,
+            };
+            if let Some(size) = stored.omitted {
+                let mut resp: Response<ResB> = Problem::ResultUnavailable.render_as(
+                    stored.status,
+                    &format!(
+                        "this request was executed ({}), but its response ({size} bytes) was too large to keep, so it cannot be shown again",
+                        stored.status
+                    ),
+                    None,
+                    config.problem_docs.as_deref(),
+                );
+                resp.headers_mut()
+                    .insert(REPLAYED, HeaderValue::from_static("true"));
+                return resp;
+            }
             let Stored {
                 status,
                 headers,
                 body,
-            } = receipt.value;
+                ..
+            } = stored;
             let mut resp = Response::new(ResB::from(body));
             *resp.status_mut() = status;
             *resp.headers_mut() = headers;

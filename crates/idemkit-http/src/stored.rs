@@ -7,12 +7,14 @@ use http::header::{HeaderName, HeaderValue};
 use http::{HeaderMap, Response, StatusCode};
 use idemkit_core::Codec;
 
-/// A response as stored: status, the kept headers, the body bytes.
+/// A response as stored: status, the kept headers, the body bytes; or, for a response too
+/// large to store (`omitted`: its body's size), only its status.
 #[derive(Debug, Clone)]
 pub(crate) struct Stored {
     pub(crate) status: StatusCode,
     pub(crate) headers: HeaderMap,
     pub(crate) body: Bytes,
+    pub(crate) omitted: Option<u64>,
 }
 
 /// A response that is not final: returned to the client, the key released.
@@ -21,6 +23,7 @@ pub(crate) struct NotFinal<B>(pub(crate) Response<B>);
 /// Stored responses' own format (the body's bytes as they are, not JSON): `IDH1`, status
 /// (2 bytes), header count (2), each header's name length (2), name, value length (4),
 /// value; then the body. Only the kept headers are encoded.
+/// A response too large to store is `IDU1`, status (2), the body's size (8).
 #[derive(Clone)]
 pub(crate) struct ResponseCodec {
     pub(crate) keep: Arc<Vec<HeaderName>>,
@@ -28,6 +31,13 @@ pub(crate) struct ResponseCodec {
 
 impl Codec<Stored> for ResponseCodec {
     fn encode(&self, r: &Stored) -> Result<Vec<u8>, idemkit_core::store::BoxError> {
+        if let Some(size) = r.omitted {
+            let mut out = Vec::with_capacity(14);
+            out.extend_from_slice(b"IDU1");
+            out.extend_from_slice(&r.status.as_u16().to_be_bytes());
+            out.extend_from_slice(&size.to_be_bytes());
+            return Ok(out);
+        }
         let kept: Vec<(&HeaderName, &HeaderValue)> = r
             .headers
             .iter()
@@ -57,10 +67,25 @@ impl Codec<Stored> for ResponseCodec {
             Ok(head)
         }
         let mut b = bytes;
-        if take(&mut b, 4)? != b"IDH1" {
-            return Err("not a stored HTTP response".into());
-        }
         let u16_of = |s: &[u8]| u16::from_be_bytes([s[0], s[1]]);
+        match take(&mut b, 4)? {
+            b"IDH1" => {}
+            b"IDU1" => {
+                let status = StatusCode::from_u16(u16_of(take(&mut b, 2)?))?;
+                let size = take(&mut b, 8)?;
+                let size = u64::from_be_bytes(size.try_into().map_err(|_| "a size cut short")?);
+                if !b.is_empty() {
+                    return Err("bytes after a stored response's size".into());
+                }
+                return Ok(Stored {
+                    status,
+                    headers: HeaderMap::new(),
+                    body: Bytes::new(),
+                    omitted: Some(size),
+                });
+            }
+            _ => return Err("not a stored HTTP response".into()),
+        }
         let status = StatusCode::from_u16(u16_of(take(&mut b, 2)?))?;
         let count = u16_of(take(&mut b, 2)?);
         let mut headers = HeaderMap::new();
@@ -76,6 +101,36 @@ impl Codec<Stored> for ResponseCodec {
             status,
             headers,
             body: Bytes::copy_from_slice(b),
+            omitted: None,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_response_too_large_to_store_keeps_its_status_and_size() {
+        let codec = ResponseCodec {
+            keep: Arc::new(vec![http::header::CONTENT_TYPE]),
+        };
+        let marker = Stored {
+            status: StatusCode::CREATED,
+            headers: HeaderMap::new(),
+            body: Bytes::new(),
+            omitted: Some(5_000_000),
+        };
+        let bytes = codec.encode(&marker).unwrap();
+        assert_eq!(bytes.len(), 14);
+        let back = codec.decode(&bytes).unwrap();
+        assert_eq!(
+            (back.status, back.omitted),
+            (StatusCode::CREATED, Some(5_000_000))
+        );
+        assert!(codec.decode(&bytes[..13]).is_err(), "cut short");
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(codec.decode(&longer).is_err(), "trailing bytes");
     }
 }

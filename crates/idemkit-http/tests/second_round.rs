@@ -395,3 +395,57 @@ async fn problems_can_link_the_apis_own_documentation() {
         serde_json::from_slice(&malformed.bytes().await.unwrap()).unwrap();
     assert_eq!(problem["type"], "urn:idemkit:problem:malformed-key");
 }
+
+/// Before: a response over what may be stored (`max_result_bytes`) made every retry a
+/// `500 internal` until the key expired, though the effect had succeeded. Now the first
+/// client gets the whole response, and a retry gets the original status with a stable
+/// `result-unavailable` problem: done, not shown again; the handler does not run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_too_large_to_store_replays_as_done_with_a_stable_problem() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let r = runs.clone();
+    let policy = idemkit_core::Policy::new().max_result_bytes(1024);
+    let layer = IdempotencyLayer::builder(
+        Coordinator::builder(MemoryStore::new())
+            .policy(policy)
+            .build(),
+        Operation::new("http.large").unwrap(),
+    )
+    .global_scope("global")
+    .unwrap()
+    .build()
+    .unwrap();
+    let app = Router::new()
+        .route(
+            "/report",
+            post(move || {
+                let r = r.clone();
+                async move {
+                    r.fetch_add(1, Ordering::SeqCst);
+                    (StatusCode::CREATED, "x".repeat(4096))
+                }
+            }),
+        )
+        .layer(layer);
+    let url = format!("{}/report", serve(app).await);
+    let k = key();
+    let first = send(&url, &k, "{}").await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert_eq!(
+        first.bytes().await.unwrap().len(),
+        4096,
+        "the first client gets it all"
+    );
+    let again = send(&url, &k, "{}").await;
+    assert_eq!(
+        again.status(),
+        StatusCode::CREATED,
+        "the original status: done"
+    );
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.headers()["content-type"], "application/problem+json");
+    let problem: serde_json::Value = serde_json::from_slice(&again.bytes().await.unwrap()).unwrap();
+    assert_eq!(problem["type"], "urn:idemkit:problem:result-unavailable");
+    assert_eq!(problem["status"], 201);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
