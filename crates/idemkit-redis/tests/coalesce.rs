@@ -44,12 +44,31 @@ fn keys(n: usize) -> Vec<StorageKey> {
         .collect()
 }
 
+/// `CLIENT PAUSE ms ALL`: Redis holds every client's commands for `ms`.
+fn pause(port: u16, ms: u32) {
+    let paused = std::process::Command::new("redis-cli")
+        .args([
+            "-p",
+            &port.to_string(),
+            "client",
+            "pause",
+            &ms.to_string(),
+            "all",
+        ])
+        .output()
+        .unwrap();
+    assert!(paused.stdout.starts_with(b"OK"), "{paused:?}");
+}
+
 /// 64 tasks begin 64 keys at once, then complete them at once; the script calls Redis saw.
 async fn begin_and_complete_64(store: &RedisStore, port: u16) -> (u64, u64) {
     let keys = keys(64);
     let before = evalsha_calls(port);
     // All 64 start together (a loaded machine would otherwise run the first ones before the
-    // last are spawned, and "at once" would not be what is measured).
+    // last are spawned, and "at once" would not be what is measured), while Redis holds
+    // every command for 200 ms: the first calls' replies cannot come back before the last
+    // ones arrive, however the machine schedules the tasks.
+    pause(port, 200);
     let start = std::sync::Arc::new(tokio::sync::Barrier::new(64));
     let begins: Vec<_> = keys
         .iter()
@@ -71,6 +90,7 @@ async fn begin_and_complete_64(store: &RedisStore, port: u16) -> (u64, u64) {
     }
     let began = evalsha_calls(port) - before;
     let before = evalsha_calls(port);
+    pause(port, 200);
     let start = std::sync::Arc::new(tokio::sync::Barrier::new(64));
     let completes: Vec<_> = leases
         .iter()
@@ -225,6 +245,10 @@ fn a_flush_task_dropped_before_its_first_poll_leaves_no_wedge() {
         .iter()
         .map(|k| BeginRequest::new(k, OwnerToken::random(), Duration::from_secs(30)))
         .collect();
+    // Redis holds every client's commands for 300 ms: the lead's reply cannot come back
+    // while the test polls (on a loaded machine it once did, within the first poll, and then
+    // the second call led too and no flush task was spawned).
+    pause(server.port, 300);
     // A runtime that lives just long enough for one call to lead and one to queue, which
     // spawns the flush task on it; the runtime is dropped before that task ever runs.
     let doomed = tokio::runtime::Builder::new_current_thread()
