@@ -1,5 +1,6 @@
 //! The whole conformance suite (store, raw store, coordinator) through [`Sealed`] with both
-//! options on, over MemoryStore (paused time), Redis and PostgreSQL.
+//! options on, over MemoryStore (paused time), Redis (one server, and a Cluster of three
+//! masters) and PostgreSQL.
 
 use std::time::Duration;
 
@@ -142,4 +143,37 @@ mod postgres {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         OnPostgres
     );
+}
+
+/// A Redis Cluster of three masters (started here, stopped at the end): hashed names spread
+/// over the slots like any other keys.
+struct OnCluster {
+    urls: Vec<String>,
+}
+
+impl Harness for OnCluster {
+    type Store = Sealed<RedisStore>;
+
+    async fn store(&self) -> Self::Store {
+        seal(
+            RedisStore::builder()
+                .prefix(format!("idemkit-seal-{:x}", fastrand::u64(..)))
+                .connect_cluster(self.urls.clone())
+                .await
+                .unwrap(),
+        )
+    }
+
+    async fn advance(&self, d: Duration) {
+        tokio::time::sleep(d).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_whole_suite_through_sealed_on_a_redis_cluster() {
+    let cluster = idemkit_test::redis_server::Cluster::start();
+    idemkit_test::run_all(std::sync::Arc::new(OnCluster {
+        urls: cluster.urls(),
+    }))
+    .await;
 }
