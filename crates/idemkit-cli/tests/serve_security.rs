@@ -39,8 +39,15 @@ async fn store() -> Option<(RedisStore, String, String, StorageKey)> {
     Some((store, url, prefix, key))
 }
 
-fn start(url: &str, prefix: &str, extra: &[&str]) -> Server {
-    Server::start(&["--store", url, "--prefix", prefix], extra)
+/// `idemkit serve` with `extra` over [`store`]'s store; the store and its record's key.
+async fn served(extra: &'static [&'static str]) -> Option<(Server, RedisStore, StorageKey)> {
+    let (store, url, prefix, key) = store().await?;
+    let server = tokio::task::spawn_blocking(move || {
+        Server::start(&["--store", &url, "--prefix", &prefix], extra)
+    })
+    .await
+    .unwrap();
+    Some((server, store, key))
 }
 
 fn client() -> reqwest::Client {
@@ -79,15 +86,9 @@ fn port(base: &str) -> &str {
 /// `/purge` (Origin equal to its own Host) answered `303 … Purged 1 completed records`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rebinding_page_can_neither_read_nor_write() {
-    let Some((store, url, prefix, key)) = store().await else {
+    let Some((server, store, key)) = served(&["--allow-writes"]).await else {
         return;
     };
-    let server = tokio::task::spawn_blocking({
-        let prefix = prefix.clone();
-        move || start(&url, &prefix, &["--allow-writes"])
-    })
-    .await
-    .unwrap();
     let http = client();
     let evil = format!("rebind.attacker.example:{}", port(&server.base));
     for path in [
@@ -132,14 +133,9 @@ fn url_of_env() -> String {
 /// A name on the allow-list is served; `localhost` and the listen address always are.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_listen_address_localhost_and_allowed_hosts_are_served() {
-    let Some((_store, url, prefix, _key)) = store().await else {
+    let Some((server, _, _)) = served(&["--allow-host", "status.internal"]).await else {
         return;
     };
-    let server = tokio::task::spawn_blocking(move || {
-        start(&url, &prefix, &["--allow-host", "status.internal"])
-    })
-    .await
-    .unwrap();
     let http = client();
     let p = port(&server.base).to_string();
     for host in [
@@ -171,12 +167,9 @@ async fn the_listen_address_localhost_and_allowed_hosts_are_served() {
 /// a decoy button), refused ones included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_page_can_be_framed() {
-    let Some((_store, url, prefix, _key)) = store().await else {
+    let Some((server, _, _)) = served(&["--allow-writes"]).await else {
         return;
     };
-    let server = tokio::task::spawn_blocking(move || start(&url, &prefix, &["--allow-writes"]))
-        .await
-        .unwrap();
     let http = client();
     for (path, host) in [
         ("/", None),
@@ -214,12 +207,9 @@ async fn no_page_can_be_framed() {
 /// equal to the served host, or `Sec-Fetch-Site: same-origin`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_needs_a_same_origin_proof() {
-    let Some((_store, url, prefix, _key)) = store().await else {
+    let Some((server, _, _)) = served(&["--allow-writes"]).await else {
         return;
     };
-    let server = tokio::task::spawn_blocking(move || start(&url, &prefix, &["--allow-writes"]))
-        .await
-        .unwrap();
     let http = client();
     let token = token(&http, &server.base).await;
     assert_eq!(token.len(), 64, "a 256-bit token: {token}");
