@@ -1,8 +1,9 @@
 //! The `Idempotency-Key` header for tower and axum, on idemkit's coordinator.
 //!
 //! [`IdempotencyLayer`] wraps an axum `Router`, or any tower `Service<Request<B>>` whose
-//! request and response bodies are `http_body::Body + From<Bytes>` (axum's `Body`, http-body-util's
-//! `Full<Bytes>`...): the service it makes is [`Idempotency`]. On the
+//! request body is `http_body::Body + From<Bytes>` (axum's `Body`, http-body-util's
+//! `Full<Bytes>`...) and whose response body is any `http_body::Body`: the service it makes
+//! is [`Idempotency`], whose responses have a [`ResponseBody`]. On the
 //! configured methods (POST and PATCH by default) a request with an `Idempotency-Key` header
 //! runs the handler at most once per (scope, key): the response (status, an allowlist of
 //! headers, the body bytes as they are) is stored and replayed byte for byte to every retry,
@@ -45,6 +46,17 @@
 //!   [`keep_headers`](IdempotencyLayerBuilder::keep_headers); per-caller ones (`Set-Cookie`,
 //!   `Authorization`, ...) are refused, so a replay never hands one caller's session to
 //!   another.
+//! - **Streamed responses**: a final response whose body is whole at once (most answers)
+//!   goes to its client, head and body together, once stored. One whose body is not (a
+//!   download, server-sent events) reaches its client as the handler produces it: its head
+//!   and what is ready at once, then each frame, while the layer keeps a copy of at most
+//!   `max_result_bytes` to store; it holds at most a few frames in flight, so a long body is
+//!   never buffered whole. A body larger than may
+//!   be stored goes to its first client whole and is stored as its status and size: a
+//!   retry gets that status with the problem `result-unavailable` (done, not shown again).
+//!   The body's end comes once the result is stored, so a client that read it all and
+//!   retries gets the replay; a body that breaks off (an error, a panic) ends with an error
+//!   for its client and releases the key.
 //! - **Clients that give up**: once a request's key is reserved, its handler runs to its
 //!   end in a task of its own, even if the client disconnects (it timed out, it was killed):
 //!   the response is stored, and the client's retry waits for it or replays it, as Stripe
@@ -643,12 +655,14 @@ impl<St: Send + Sync> axum::extract::FromRequestParts<St> for IdempotencyInfo {
     }
 }
 
+mod body;
 mod canonical;
 mod key;
 mod problem;
 mod service;
 mod stored;
 
+pub use body::ResponseBody;
 pub use key::{parse_key, parse_key_lenient};
 pub use problem::Problem;
 pub use service::ResponseFuture;

@@ -3,17 +3,20 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use bytes::{Buf as _, Bytes, BytesMut};
 use http::header::HeaderValue;
-use http::{Request, Response};
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body::{Body as _, Frame};
 use http_body_util::BodyExt as _;
 use idemkit_core::{Error, Fingerprint, Key, Store};
+use tokio::sync::{mpsc, oneshot};
 use tower_service::Service;
 
+use crate::body::{AbortOnDrop, Piece, ResponseBody};
 use crate::stored::{NotFinal, ResponseCodec, Stored};
 use crate::{
     Config, Finality, IDEMPOTENCY_KEY, Idempotency, IdempotencyInfo, Problem, REPLAYED, ScopeRule,
@@ -21,13 +24,21 @@ use crate::{
 };
 
 /// A body's error, boxed.
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The frames of a streamed response that may be on their way between the task that runs
+/// its call and its client: with the stored copy (at most `max_result_bytes`), all the
+/// layer holds of a response, however long the handler streams.
+const FRAMES_IN_FLIGHT: usize = 8;
+
+/// Room left in `max_result_bytes` for the stored response's status and kept headers.
+const HEADROOM: usize = 4096;
 
 /// The future [`Idempotency`] returns (boxed: it holds the coordinator's call around the
 /// inner service's future).
 #[must_use = "futures do nothing unless polled"]
 pub struct ResponseFuture<B> {
-    inner: Pin<Box<dyn Future<Output = Response<B>> + Send>>,
+    inner: Pin<Box<dyn Future<Output = Response<ResponseBody<B>>> + Send>>,
 }
 
 impl<B> std::fmt::Debug for ResponseFuture<B> {
@@ -37,7 +48,7 @@ impl<B> std::fmt::Debug for ResponseFuture<B> {
 }
 
 impl<B> Future for ResponseFuture<B> {
-    type Output = Result<Response<B>, Infallible>;
+    type Output = Result<Response<ResponseBody<B>>, Infallible>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         self.inner.as_mut().poll(cx).map(Ok)
@@ -55,11 +66,11 @@ where
     ReqB: http_body::Body + From<Bytes> + Send + 'static,
     ReqB::Data: Send,
     ReqB::Error: Into<BoxError>,
-    ResB: http_body::Body + From<Bytes> + Send + 'static,
+    ResB: http_body::Body + Send + 'static,
     ResB::Data: Send,
-    ResB::Error: std::fmt::Display,
+    ResB::Error: Into<BoxError>,
 {
-    type Response = Response<ResB>;
+    type Response = Response<ResponseBody<ResB>>;
     type Error = Infallible;
     type Future = ResponseFuture<ResB>;
 
@@ -82,7 +93,7 @@ async fn handle<S, Svc, ReqB, ResB>(
     config: Arc<Config<S>>,
     mut inner: Svc,
     req: Request<ReqB>,
-) -> Response<ResB>
+) -> Response<ResponseBody<ResB>>
 where
     S: Store,
     Svc: Service<Request<ReqB>, Response = Response<ResB>, Error = Infallible> + Send + 'static,
@@ -90,12 +101,12 @@ where
     ReqB: http_body::Body + From<Bytes> + Send + 'static,
     ReqB::Data: Send,
     ReqB::Error: Into<BoxError>,
-    ResB: http_body::Body + From<Bytes> + Send + 'static,
+    ResB: http_body::Body + Send + 'static,
     ResB::Data: Send,
-    ResB::Error: std::fmt::Display,
+    ResB::Error: Into<BoxError>,
 {
     if !config.methods.contains(req.method()) {
-        return call_inner(&mut inner, req).await;
+        return call_inner(&mut inner, req).await.map(ResponseBody::inner);
     }
     let (mut parts, body) = req.into_parts();
     let mut values = parts.headers.get_all(&IDEMPOTENCY_KEY).iter();
@@ -106,7 +117,11 @@ where
                 "this request requires an Idempotency-Key header",
             );
         }
-        (None, _) => return call_inner(&mut inner, Request::from_parts(parts, body)).await,
+        (None, _) => {
+            return call_inner(&mut inner, Request::from_parts(parts, body))
+                .await
+                .map(ResponseBody::inner);
+        }
         (Some(_), Some(_)) => {
             return config.problem(
                 Problem::MalformedKey,
@@ -187,14 +202,19 @@ where
     let started = Arc::new(AtomicBool::new(false));
     let starts = started.clone();
     let timing = config.clone();
-    // A response too large to store goes to its first client from here; the store keeps
-    // only its status (`Stored::omitted`).
+    // What may be stored of the response's body; past it, the store keeps only its status
+    // and size (`Stored::omitted`).
     let storable = config
         .coordinator
         .policy_for(&config.operation)
-        .max_result_bytes;
-    let whole: Arc<std::sync::Mutex<Option<Stored>>> = Arc::default();
-    let aside = whole.clone();
+        .max_result_bytes
+        .saturating_sub(HEADROOM);
+    // A final response's head goes to the client as soon as the handler gives it; its body
+    // follows frame by frame (`ResponseBody::streamed`), its last frame and end once the
+    // call has returned (`Tail`).
+    let (head_tx, mut head_rx) = oneshot::channel::<Response<ResponseBody<ResB>>>();
+    let tail: Arc<Mutex<Option<Tail<ResB>>>> = Arc::new(Mutex::new(None));
+    let tail_in = tail.clone();
     let run = call.codec(codec).run(move |attempt| async move {
         starts.store(true, Ordering::SeqCst);
         let began = tokio::time::Instant::now();
@@ -202,76 +222,185 @@ where
         parts.extensions.insert(info);
         let resp = call_inner(&mut inner, Request::from_parts(parts, ReqB::from(bytes))).await;
         let (rparts, rbody) = resp.into_parts();
-        let collected = rbody.collect().await;
-        timing.recent.record(began.elapsed());
-        match collected {
-            // The handler's own word first (a `Finality` extension), then the rule.
-            Ok(c)
-                if rparts
-                    .extensions
-                    .get::<Finality>()
-                    .map_or_else(|| is_final(rparts.status), |f| *f == Finality::Final) =>
-            {
-                let stored = Stored {
-                    status: rparts.status,
-                    headers: rparts.headers,
-                    body: c.to_bytes(),
-                    omitted: None,
-                };
-                // The headers' share is small and bounded by the kept list: leave room for it.
-                if stored.body.len() + 4096 <= storable {
-                    return Ok(stored);
-                }
-                let marker = Stored {
-                    status: stored.status,
-                    headers: http::HeaderMap::new(),
-                    body: Bytes::new(),
-                    omitted: Some(stored.body.len() as u64),
-                };
-                *aside
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(stored);
-                Ok(marker)
-            }
-            Ok(c) => Err(NotFinal(Response::from_parts(
+        // The handler's own word first (a `Finality` extension), then the rule.
+        let stored = rparts
+            .extensions
+            .get::<Finality>()
+            .map_or_else(|| is_final(rparts.status), |f| *f == Finality::Final);
+        if !stored {
+            // Not final: its client reads the body as the handler gives it, nothing kept.
+            timing.recent.record(began.elapsed());
+            return Err(NotFinal(Response::from_parts(
                 rparts,
-                ResB::from(c.to_bytes()),
-            ))),
-            Err(e) => Err(NotFinal(internal(&timing, "the handler's body failed", &e))),
+                ResponseBody::inner(rbody),
+            )));
         }
-    });
-    let result = if config.cancel_with_client {
-        run.await
-    } else {
-        // Once reserved, the call runs to its end whatever the client does: a client that
-        // timed out and disconnected retries, and that retry must wait for (or replay) this
-        // run, not cancel its effect half-way and run it again (ARCHITECTURE row 17). A
-        // call that has not started its handler (a waiter, a replay) ends with its client.
-        let task = tokio::spawn(run);
-        let _waiting = AbortUnstarted {
-            task: task.abort_handle(),
-            started,
-        };
-        match task.await {
-            Ok(result) => result,
-            Err(e) => {
-                return internal(&config, "the handler panicked", &e);
+        let status = rparts.status;
+        let mut headers = HeaderMap::new();
+        for name in timing.keep.iter() {
+            for value in rparts.headers.get_all(name) {
+                headers.append(name.clone(), value.clone());
             }
         }
+        let mut kept = Kept::default();
+        let mut rbody = std::pin::pin!(rbody);
+        // First what the body has ready, up to what may be stored: most bodies are whole
+        // at once (a JSON answer), and go out with their head once the result is stored, in
+        // one write, as an unstreamed layer would answer.
+        let mut ready = Vec::new();
+        loop {
+            // (Errors boxed at once: the body's own error type need not be `Send`.)
+            let polled = std::future::poll_fn(|cx| {
+                Poll::Ready(
+                    rbody
+                        .as_mut()
+                        .poll_frame(cx)
+                        .map(|f| f.map(|f| f.map_err(Into::<BoxError>::into))),
+                )
+            })
+            .await;
+            match polled {
+                // Not ready: a stream. Its head goes out now (below).
+                Poll::Pending => break,
+                Poll::Ready(None) => {
+                    timing.recent.record(began.elapsed());
+                    let whole = Response::from_parts(rparts, ResponseBody::whole(ready));
+                    *tail_in.lock().unwrap_or_else(PoisonError::into_inner) =
+                        Some(Tail::Whole(head_tx, whole));
+                    return Ok(kept.into_stored(status, headers));
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    timing.recent.record(began.elapsed());
+                    return Err(NotFinal(internal(&timing, "the handler's body failed", &e)));
+                }
+                Poll::Ready(Some(Ok(frame))) => {
+                    let frame = frame.map_data(|mut d| d.copy_to_bytes(d.remaining()));
+                    if let Some(data) = frame.data_ref() {
+                        kept.push(data, storable);
+                    }
+                    ready.push(frame);
+                    if kept.is_over() {
+                        // Too large to store: streamed through from here.
+                        break;
+                    }
+                }
+            }
+        }
+        // A stream, or a body too large to store: the head and what is ready go out now,
+        // the rest frame by frame as the handler produces it.
+        let (tx, rx) = mpsc::channel(FRAMES_IN_FLIGHT);
+        let exact = rbody.size_hint().exact().map(|left| {
+            left + ready
+                .iter()
+                .filter_map(Frame::data_ref)
+                .map(|d| d.len() as u64)
+                .sum::<u64>()
+        });
+        // The client may be gone already: the body is read and stored all the same.
+        let _ = head_tx.send(Response::from_parts(
+            rparts,
+            ResponseBody::streamed(ready, rx, exact),
+        ));
+        let mut out = Some(tx);
+        let mut held = None;
+        loop {
+            let next = rbody
+                .frame()
+                .await
+                .map(|f| f.map_err(Into::<BoxError>::into));
+            let Some(frame) = next else { break };
+            let frame = match frame {
+                Ok(frame) => frame.map_data(|mut d| d.copy_to_bytes(d.remaining())),
+                Err(e) => {
+                    timing.recent.record(began.elapsed());
+                    let resp = internal(&timing, "the handler's body failed", &e);
+                    if let Some(tx) = out {
+                        let _ = tx.send(Piece::Failed(e)).await;
+                    }
+                    return Err(NotFinal(resp));
+                }
+            };
+            if let Some(data) = frame.data_ref() {
+                kept.push(data, storable);
+            }
+            if rbody.is_end_stream() {
+                // The last frame: it goes out with the end, once the result is stored.
+                held = Some(frame);
+                break;
+            }
+            if let Some(tx) = &out
+                && tx.send(Piece::Frame(frame)).await.is_err()
+            {
+                out = None;
+            }
+        }
+        timing.recent.record(began.elapsed());
+        *tail_in.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some(Tail::Streamed { out, held });
+        Ok(kept.into_stored(status, headers))
+    });
+    // Once reserved, the call runs to its end in a task of its own whatever the client does:
+    // a client that timed out and disconnected retries, and that retry must wait for (or
+    // replay) this run, not cancel its effect half-way and run it again (ARCHITECTURE row
+    // 17). A call that has not started its handler (a waiter, a replay) ends with its client;
+    // with `cancel_with_client`, every call does.
+    let mut task = tokio::spawn(async move {
+        let result = run.await;
+        let tail = tail.lock().unwrap_or_else(PoisonError::into_inner).take();
+        match tail {
+            // Stored: the whole response goes to its client (gone: dropped).
+            Some(Tail::Whole(head_tx, whole)) if result.is_ok() => {
+                let _ = head_tx.send(whole);
+            }
+            Some(Tail::Streamed {
+                out: Some(tx),
+                held,
+            }) => {
+                if result.is_ok() {
+                    if let Some(frame) = held {
+                        let _ = tx.send(Piece::Frame(frame)).await;
+                    }
+                    let _ = tx.send(Piece::End).await;
+                } else {
+                    let _ = tx
+                        .send(Piece::Failed("the response could not be stored".into()))
+                        .await;
+                }
+            }
+            // Not stored (the store failed): the call's error answers, as for a
+            // response not streamed.
+            Some(Tail::Whole(..) | Tail::Streamed { out: None, .. }) | None => {}
+        }
+        result
+    });
+    let mut detached = Detached {
+        task: task.abort_handle(),
+        started,
+        with_client: config.cancel_with_client,
+        armed: true,
+    };
+    let joined = tokio::select! {
+        biased;
+        Ok(mut head) = &mut head_rx => {
+            detached.armed = false;
+            if config.cancel_with_client {
+                head.body_mut().cancel_on_drop(AbortOnDrop(task.abort_handle()));
+            }
+            return head;
+        }
+        joined = &mut task => joined,
+    };
+    let result = match joined {
+        Ok(result) => result,
+        Err(e) => return internal(&config, "the handler panicked", &e),
     };
     match result {
         Ok(receipt) => {
+            // A run of this call's own streamed its response above: this is a replay.
             let replayed = receipt.is_replay();
-            let taken = whole
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .take();
-            let stored = match taken {
-                Some(whole) if !replayed => whole,
-                _ => receipt.value,
-            };
+            let stored = receipt.value;
             if let Some(size) = stored.omitted {
-                let mut resp: Response<ResB> = Problem::ResultUnavailable.render_as(
+                let mut resp: Response<ResponseBody<ResB>> = Problem::ResultUnavailable.render_as(
                     stored.status,
                     &format!(
                         "this request was executed ({}), but its response ({size} bytes) was too large to keep, so it cannot be shown again",
@@ -290,7 +419,7 @@ where
                 body,
                 ..
             } = stored;
-            let mut resp = Response::new(ResB::from(body));
+            let mut resp = Response::new(ResponseBody::from(body));
             *resp.status_mut() = status;
             *resp.headers_mut() = headers;
             if replayed {
@@ -351,16 +480,102 @@ fn internal<S, B: From<Bytes>>(
     )
 }
 
-/// Dropped with the request's future (its client went away): aborts the detached call if
-/// its handler has not started, so a waiter or a replay does not outlive its client.
-struct AbortUnstarted {
-    task: tokio::task::AbortHandle,
-    started: Arc<AtomicBool>,
+/// What goes to the client once the call has returned, so that a client that has the whole
+/// response finds its result stored.
+enum Tail<B> {
+    /// A body that was whole at once: the response itself, to send as the head.
+    Whole(
+        oneshot::Sender<Response<ResponseBody<B>>>,
+        Response<ResponseBody<B>>,
+    ),
+    /// A streamed body: its last frame, if held back, and its end. `out` is `None` once the
+    /// client left.
+    Streamed {
+        out: Option<mpsc::Sender<Piece>>,
+        held: Option<Frame<Bytes>>,
+    },
 }
 
-impl Drop for AbortUnstarted {
+/// The stored copy of a streamed body, up to what may be stored; past that, only its size.
+/// A body of one frame (most are) is kept without a copy.
+#[derive(Default)]
+enum Kept {
+    #[default]
+    Empty,
+    One(Bytes),
+    Many(BytesMut),
+    Over(u64),
+}
+
+impl Kept {
+    fn push(&mut self, data: &Bytes, limit: usize) {
+        let size = match self {
+            Kept::Empty => 0,
+            Kept::One(b) => b.len(),
+            Kept::Many(b) => b.len(),
+            Kept::Over(n) => {
+                *n += data.len() as u64;
+                return;
+            }
+        };
+        if size + data.len() > limit {
+            *self = Kept::Over((size + data.len()) as u64);
+            return;
+        }
+        *self = match std::mem::take(self) {
+            Kept::Empty => Kept::One(data.clone()),
+            Kept::One(first) => {
+                let mut many = BytesMut::with_capacity(first.len() + data.len());
+                many.extend_from_slice(&first);
+                many.extend_from_slice(data);
+                Kept::Many(many)
+            }
+            Kept::Many(mut many) => {
+                many.extend_from_slice(data);
+                Kept::Many(many)
+            }
+            over @ Kept::Over(_) => over,
+        };
+    }
+
+    fn is_over(&self) -> bool {
+        matches!(self, Kept::Over(_))
+    }
+
+    fn into_stored(self, status: StatusCode, headers: HeaderMap) -> Stored {
+        let (body, omitted) = match self {
+            Kept::Empty => (Bytes::new(), None),
+            Kept::One(b) => (b, None),
+            Kept::Many(b) => (b.freeze(), None),
+            Kept::Over(size) => (Bytes::new(), Some(size)),
+        };
+        Stored {
+            status,
+            headers: if omitted.is_some() {
+                HeaderMap::new()
+            } else {
+                headers
+            },
+            body,
+            omitted,
+        }
+    }
+}
+
+/// Dropped with the request's future (its client went away before a response): aborts the
+/// detached call if its handler has not started, so a waiter or a replay does not outlive
+/// its client; with `cancel_with_client`, whether or not it has started. Disarmed once the
+/// response is handed over.
+struct Detached {
+    task: tokio::task::AbortHandle,
+    started: Arc<AtomicBool>,
+    with_client: bool,
+    armed: bool,
+}
+
+impl Drop for Detached {
     fn drop(&mut self) {
-        if !self.started.load(Ordering::SeqCst) {
+        if self.armed && (self.with_client || !self.started.load(Ordering::SeqCst)) {
             self.task.abort();
         }
     }

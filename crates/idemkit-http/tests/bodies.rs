@@ -1,5 +1,6 @@
-//! The layer on a plain tower service whose bodies are not axum's: generic over
-//! `http_body::Body + From<Bytes>`, as tower-http's layers are.
+//! The layer on a plain tower service whose bodies are not axum's: generic over the request
+//! body (`http_body::Body + From<Bytes>`) and the response body (`http_body::Body`, which
+//! the layer's own `ResponseBody` wraps), as tower-http's layers are.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -9,7 +10,7 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt as _, Full};
 use idemkit_core::{Coordinator, MemoryStore, Operation};
-use idemkit_http::{IDEMPOTENCY_KEY, Idempotency, IdempotencyLayer, REPLAYED};
+use idemkit_http::{IDEMPOTENCY_KEY, Idempotency, IdempotencyLayer, REPLAYED, ResponseBody};
 use tower::{Layer as _, Service, ServiceExt as _};
 
 fn request(key: &str, body: &'static str) -> Request<Full<Bytes>> {
@@ -20,14 +21,20 @@ fn request(key: &str, body: &'static str) -> Request<Full<Bytes>> {
 }
 
 /// One request through `svc`, once it is ready.
-async fn send<Svc>(svc: &mut Svc, req: Request<Full<Bytes>>) -> Response<Full<Bytes>>
+async fn send<Svc>(svc: &mut Svc, req: Request<Full<Bytes>>) -> Response<Body>
 where
-    Svc: Service<Request<Full<Bytes>>, Response = Response<Full<Bytes>>, Error = Infallible>,
+    Svc: Service<Request<Full<Bytes>>, Response = Response<Body>, Error = Infallible>,
 {
     svc.ready().await.unwrap().call(req).await.unwrap()
 }
 
-async fn text(resp: Response<Full<Bytes>>) -> String {
+/// What the layer answers over an inner service of `Full<Bytes>` responses.
+type Body = ResponseBody<Full<Bytes>>;
+
+async fn text<B: http_body::Body>(resp: Response<B>) -> String
+where
+    B::Error: std::fmt::Debug,
+{
     String::from_utf8(
         resp.into_body()
             .collect()

@@ -1,5 +1,8 @@
 //! The layer in front of a real axum server on a loopback port, called with a real HTTP
 //! client (reqwest), and as a tower service with a tower-test mock inside.
+
+mod support;
+
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -107,13 +110,6 @@ fn tenant_layer<S: Store>(store: S, mode: InFlight) -> IdempotencyLayer<S> {
         .unwrap()
 }
 
-async fn serve(app: Router) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    format!("http://{addr}")
-}
-
 fn key() -> String {
     format!("k-{:016x}", fastrand::u64(..))
 }
@@ -147,7 +143,7 @@ async fn problem_type(resp: reqwest::Response) -> String {
 
 async fn fifty_concurrent_identical_posts<S: Store>(store: S) {
     let app = App::default();
-    let url = serve(router(tenant_layer(store, InFlight::Wait), app.clone())).await;
+    let url = support::serve(router(tenant_layer(store, InFlight::Wait), app.clone())).await;
     let client = reqwest::Client::new();
     let k = key();
     let calls = (0..50).map(|_| {
@@ -221,7 +217,7 @@ async fn fifty_concurrent_identical_posts_on_postgres_run_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn over_http2_concurrent_identical_posts_run_once() {
     let app = App::default();
-    let url = serve(router(
+    let url = support::serve(router(
         tenant_layer(MemoryStore::new(), InFlight::Wait),
         app.clone(),
     ))
@@ -263,7 +259,7 @@ async fn over_http2_concurrent_identical_posts_run_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn in_reject_mode_one_succeeds_and_the_others_get_409_with_retry_after() {
     let app = App::default();
-    let url = serve(router(
+    let url = support::serve(router(
         tenant_layer(MemoryStore::new(), InFlight::Reject),
         app.clone(),
     ))
@@ -309,7 +305,7 @@ async fn in_reject_mode_one_succeeds_and_the_others_get_409_with_retry_after() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_replay_is_marked_and_byte_for_byte_and_a_reused_key_is_422_also_mid_flight() {
     let app = App::default();
-    let url = serve(router(
+    let url = support::serve(router(
         tenant_layer(MemoryStore::new(), InFlight::Wait),
         app.clone(),
     ))
@@ -354,7 +350,7 @@ async fn a_replay_is_marked_and_byte_for_byte_and_a_reused_key_is_422_also_mid_f
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn keys_are_scoped_and_an_unscoped_request_is_refused() {
     let app = App::default();
-    let url = serve(router(
+    let url = support::serve(router(
         tenant_layer(MemoryStore::new(), InFlight::Wait),
         app.clone(),
     ))
@@ -403,7 +399,7 @@ async fn a_missing_required_key_or_a_malformed_one_is_400_and_a_large_body_413()
         .build()
         .unwrap();
     let app = App::default();
-    let url = serve(router(layer, app.clone())).await;
+    let url = support::serve(router(layer, app.clone())).await;
     let client = reqwest::Client::new();
     let pay = format!("{url}/payments");
     let missing = post_to(&client, &pay, None, None, b"x").await;
@@ -435,7 +431,7 @@ async fn a_missing_required_key_or_a_malformed_one_is_400_and_a_large_body_413()
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_5xx_releases_the_key_so_the_retry_runs_again() {
     let app = App::default();
-    let url = serve(router(
+    let url = support::serve(router(
         tenant_layer(MemoryStore::new(), InFlight::Wait),
         app.clone(),
     ))
@@ -457,7 +453,7 @@ async fn with_the_store_down_the_answer_is_503_and_nothing_runs() {
     let store = Probe::new(MemoryStore::new());
     store.fail(Fault::Begin, true);
     let app = App::default();
-    let url = serve(router(
+    let url = support::serve(router(
         tenant_layer(store.clone(), InFlight::Wait),
         app.clone(),
     ))
@@ -513,7 +509,9 @@ async fn with_a_tower_test_mock_the_inner_service_runs_once_per_key() {
         .unwrap();
     assert_eq!(again.status(), 201);
     assert_eq!(again.headers()[REPLAYED.as_str()], "true");
-    let body = axum::body::to_bytes(again.into_body(), 1024).await.unwrap();
+    let body = axum::body::to_bytes(Body::new(again.into_body()), 1024)
+        .await
+        .unwrap();
     assert_eq!(&body[..], b"ch_1");
 }
 
@@ -528,7 +526,7 @@ async fn a_json_body_can_be_fingerprinted_by_its_value() {
     };
     for canonical in [true, false] {
         let app = App::default();
-        let url = serve(router(layer(canonical), app.clone())).await;
+        let url = support::serve(router(layer(canonical), app.clone())).await;
         let client = reqwest::Client::new();
         let (k, pay) = (key(), format!("{url}/payments"));
         let send = |body: &'static str, currency: &'static str| {
@@ -569,7 +567,7 @@ async fn a_json_body_can_be_fingerprinted_by_its_value() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_handler_that_panicked_stores_nothing_and_its_retry_runs() {
     let app = App::default();
-    let url = serve(router(
+    let url = support::serve(router(
         tenant_layer(MemoryStore::new(), InFlight::Reject),
         app.clone(),
     ))
@@ -610,7 +608,7 @@ async fn a_client_that_times_out_then_retries<S: Store>(
     mode: InFlight,
 ) -> (StatusCode, bool, usize) {
     let app = App::default();
-    let url = serve(router(tenant_layer(store, mode), app.clone())).await;
+    let url = support::serve(router(tenant_layer(store, mode), app.clone())).await;
     let (k, slow) = (key(), format!("{url}/slow"));
     let impatient = reqwest::Client::builder()
         .timeout(Duration::from_millis(300))
@@ -678,7 +676,7 @@ async fn cancelling_with_the_client_is_an_explicit_option() {
         .cancel_with_client(true)
         .build()
         .unwrap();
-    let url = serve(router(layer, app.clone())).await;
+    let url = support::serve(router(layer, app.clone())).await;
     let (k, slow) = (key(), format!("{url}/slow"));
     let impatient = reqwest::Client::builder()
         .timeout(Duration::from_millis(300))
@@ -717,7 +715,7 @@ async fn failing_open_with_the_store_down_runs_the_handler_unprotected() {
         .build()
         .unwrap();
     let app = App::default();
-    let url = serve(router(layer, app.clone())).await;
+    let url = support::serve(router(layer, app.clone())).await;
     let client = reqwest::Client::new();
     let k = key();
     let info = post_to(&client, &format!("{url}/info"), Some(&k), None, b"").await;
@@ -751,7 +749,7 @@ async fn a_waiting_client_that_disconnects_leaves_no_subscription_on_redis() {
     }
     let store = store.unwrap();
     let app = App::default();
-    let base = serve(router(
+    let base = support::serve(router(
         tenant_layer(store.clone(), InFlight::Wait),
         app.clone(),
     ))

@@ -1,6 +1,8 @@
 //! Issue 24 over real HTTP (an axum server on a loopback port, reqwest): which responses are
 //! final, and the header's structured-field syntax.
 
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -9,13 +11,6 @@ use axum::routing::post;
 use http::StatusCode;
 use idemkit_core::{Coordinator, MemoryStore, Operation};
 use idemkit_http::{Finality, IdempotencyLayer};
-
-async fn serve(app: Router) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    format!("http://{addr}")
-}
 
 fn layer() -> IdempotencyLayer<MemoryStore> {
     IdempotencyLayer::builder(
@@ -61,7 +56,7 @@ async fn a_validation_failure_releases_the_key_so_the_corrected_request_runs() {
             }),
         )
         .layer(layer());
-    let url = format!("{}/json", serve(app).await);
+    let url = format!("{}/json", support::serve(app).await);
     let k = key();
     let bad = send(&url, &k, "{bad json").await;
     assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
@@ -94,7 +89,7 @@ async fn outcomes_are_stored_and_refusals_release_the_key() {
             }),
         )
         .layer(layer());
-    let base = serve(app).await;
+    let base = support::serve(app).await;
     for (code, stored) in [
         (200, true),
         (201, true),
@@ -167,7 +162,7 @@ async fn the_handler_can_mark_a_response_final_or_not() {
             }),
         )
         .layer(layer());
-    let base = serve(app).await;
+    let base = support::serve(app).await;
     let k = key();
     send(&format!("{base}/final-400"), &k, "{}").await;
     let again = send(&format!("{base}/final-400"), &k, "{}").await;
@@ -193,7 +188,7 @@ async fn the_key_is_a_structured_field_item() {
             }),
         )
         .layer(layer());
-    let url = format!("{}/echo", serve(app).await);
+    let url = format!("{}/echo", support::serve(app).await);
     for (header, key) in [
         (r#""k-1";v=1"#, Some("k-1")),
         (r#""k 2""#, Some("k 2")),
@@ -239,7 +234,7 @@ async fn json_is_compared_by_value_by_default() {
     .canonical_json(false)
     .build()
     .unwrap();
-    let base = serve(
+    let base = support::serve(
         Router::new()
             .route("/pay", post(handler.clone()))
             .layer(layer())
@@ -312,7 +307,7 @@ async fn slow(hint: Option<std::time::Duration>) -> String {
             }),
         )
         .layer(b.build().unwrap());
-    format!("{}/charge", serve(app).await)
+    format!("{}/charge", support::serve(app).await)
 }
 
 /// A concurrent retry 0.3 s into the first request's run; its `Retry-After` in seconds.
@@ -366,7 +361,7 @@ async fn problems_can_link_the_apis_own_documentation() {
     let app = Router::new()
         .route("/pay", post(|| async { StatusCode::CREATED }))
         .layer(documented);
-    let url = format!("{}/pay", serve(app).await);
+    let url = format!("{}/pay", support::serve(app).await);
     let missing = reqwest::Client::new().post(&url).send().await.unwrap();
     assert_eq!(missing.status(), StatusCode::BAD_REQUEST);
     assert_eq!(
@@ -382,7 +377,7 @@ async fn problems_can_link_the_apis_own_documentation() {
     // Without the option: the stable URN, no link.
     let url = format!(
         "{}/pay",
-        serve(
+        support::serve(
             Router::new()
                 .route("/pay", post(|| async { StatusCode::CREATED }))
                 .layer(layer())
@@ -427,7 +422,7 @@ async fn a_response_too_large_to_store_replays_as_done_with_a_stable_problem() {
             }),
         )
         .layer(layer);
-    let url = format!("{}/report", serve(app).await);
+    let url = format!("{}/report", support::serve(app).await);
     let k = key();
     let first = send(&url, &k, "{}").await;
     assert_eq!(first.status(), StatusCode::CREATED);
