@@ -72,6 +72,30 @@ pub(crate) fn human(ms: u64) -> String {
     }
 }
 
+/// A store-clock time (Unix milliseconds) as a UTC date and time, to the second:
+/// `2026-11-29 23:32:03 UTC`. (Howard Hinnant's `civil_from_days`: no date crate for one
+/// line of the status page.)
+pub(crate) fn utc(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Days since 0000-03-01, in 400-year eras of 146,097 days.
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
 /// The filter, checked: the operation is a valid one.
 pub(crate) struct Checked {
     operation: Option<Operation>,
@@ -279,7 +303,25 @@ pub(crate) async fn list(store: &StoreArgs, filter: &Filter, limit: usize, json:
     } else {
         eprintln!("idemkit: {shown} records");
     }
+    if shown == 0 {
+        eprintln!("{}", where_we_looked(store, &target));
+    }
     Exit::Ok
+}
+
+/// A hint for an empty listing: where the records were looked for, and how to look
+/// elsewhere. The usual cause is a prefix or table other than the services' own.
+fn where_we_looked(store: &StoreArgs, target: &Target) -> String {
+    match target {
+        Target::Redis(_) => format!(
+            "idemkit: hint: nothing under the key prefix {:?} on this server; if the services set another (RedisStoreBuilder::prefix), pass the same --prefix",
+            store.prefix
+        ),
+        Target::Postgres(_) => format!(
+            "idemkit: hint: nothing in the table {}.{}; if the services use another (PgStoreBuilder::schema / table), pass the same --schema and --table",
+            store.schema, store.table
+        ),
+    }
 }
 
 /// What `purge` is asked to do.
@@ -692,6 +734,9 @@ pub(crate) async fn stats(store: &StoreArgs, soon: Duration, json: bool) -> Exit
             println!("table size: {bytes} bytes");
         }
     }
+    if by_op.is_empty() {
+        eprintln!("{}", where_we_looked(store, &target));
+    }
     if evicts {
         return fail(
             Exit::Check,
@@ -702,4 +747,19 @@ pub(crate) async fn stats(store: &StoreArgs, soon: Duration, json: bool) -> Exit
         );
     }
     Exit::Ok
+}
+
+#[cfg(test)]
+mod time_tests {
+    #[test]
+    fn store_times_read_as_utc() {
+        for (ms, shown) in [
+            (0, "1970-01-01 00:00:00 UTC"),
+            (951_782_400_000, "2000-02-29 00:00:00 UTC"),
+            (1_795_995_123_456, "2026-11-29 23:32:03 UTC"),
+            (4_102_444_799_000, "2099-12-31 23:59:59 UTC"),
+        ] {
+            assert_eq!(super::utc(ms), shown);
+        }
+    }
 }

@@ -431,19 +431,24 @@ pub(crate) async fn release(store: &StoreArgs, record: &RecordArgs, force: bool)
         Err(code) => return code,
     };
     match result {
+        // One line, on stdout: what was done, to whose reservation.
         Ok(what) => {
-            eprintln!(
-                "idemkit: {what} {key} (owner {}, fencing {})",
-                r.owner,
-                r.fencing.get()
-            );
             if record.json {
                 println!(
                     "{}",
-                    serde_json::json!({"key": key.to_string(), "done": what, "fencing": r.fencing.get()})
+                    serde_json::json!({
+                        "key": key.to_string(),
+                        "done": what,
+                        "owner": r.owner.to_string(),
+                        "fencing": r.fencing.get(),
+                    })
                 );
             } else {
-                println!("{what}: {key}");
+                println!(
+                    "{what}: {key} (owner {}, fencing {})",
+                    r.owner,
+                    r.fencing.get()
+                );
             }
             Exit::Ok
         }

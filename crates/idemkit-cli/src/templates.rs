@@ -80,7 +80,7 @@ pub(crate) fn status(s: &Status<'_>) -> Markup {
             p {
                 "Store " code { (s.store) } " · "
                 @if s.writes { span.warn { "writes allowed" } } @else { span #mode { "read-only" } }
-                " · " span.muted { "read at " (now) " (store clock, Unix ms)" }
+                " · " span.muted { "read at " (crate::listing::utc(now)) " (the store's clock)" }
             }
             @if let Some(done) = s.done { p #done .ok { (done) } }
             h2 { "In-flight reservations: " (s.total) }

@@ -31,3 +31,47 @@ fn help_lists_the_operators_commands_only() {
     }
     assert!(!text.contains("demo"), "{text}");
 }
+
+/// The README's synopsis of each command names every option the command takes (the store's
+/// own, `--store`, `--prefix`, `--schema`, `--table`, stand behind `$S`) and every value of
+/// its `--state` it accepts. Before: `purge`'s line left out `--state reserved`, `list`'s
+/// nothing, `release`'s `--scope` and `--json`, `serve`'s `--allow-remote` and `--soon`.
+#[test]
+fn the_readmes_synopsis_names_every_option() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    for command in ["inspect", "list", "release", "purge", "stats", "serve"] {
+        let line = readme
+            .lines()
+            .find(|l| l.starts_with(&format!("idemkit {command} ")))
+            .unwrap_or_else(|| panic!("no synopsis of {command}"));
+        let help = idemkit(&[command, "--help"]);
+        let help = String::from_utf8_lossy(&help.stdout);
+        for option in help
+            .split(|c: char| c.is_whitespace() || c == ',' || c == '[' || c == ']')
+            .filter(|w| w.starts_with("--") && w.len() > 2)
+            .map(|w| w.trim_end_matches(|c: char| !c.is_ascii_alphanumeric()))
+        {
+            if ["--help", "--store", "--prefix", "--schema", "--table"].contains(&option) {
+                continue;
+            }
+            assert!(
+                line.contains(&format!("{option} ")) || line.contains(&format!("{option}]")),
+                "{command}: {option} is missing from the README's synopsis: {line}"
+            );
+        }
+        if help.contains("--state <STATE>") {
+            // `purge --state unreadable` is refused (exit 2): foreign bytes are never purged.
+            let states = match command {
+                "purge" => &["reserved", "completed", "expired"][..],
+                _ => &["reserved", "completed", "expired", "unreadable"][..],
+            };
+            for state in states {
+                assert!(
+                    line.contains(state),
+                    "{command}: --state {state} is missing from the README's synopsis: {line}"
+                );
+            }
+        }
+    }
+}

@@ -510,6 +510,18 @@ fn stuck_reservation(store: &[&str]) {
     // ... and runs once the operator releases it.
     let released = cli.run("release", &["mail.invoice", &key]);
     assert_eq!(code(&released), 0, "{}", stderr(&released));
+    // Said once, with whose reservation it was. Before: on stderr and stdout both.
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&released.stdout),
+        stderr(&released)
+    );
+    assert_eq!(
+        said.matches("released the reservation").count(),
+        1,
+        "{said}"
+    );
+    assert!(said.contains(&format!("fencing {stuck}")), "{said}");
     let next = worker(store, &key, "0s").wait_with_output().unwrap();
     let said = String::from_utf8_lossy(&next.stdout);
     assert_eq!(code(&next), 0, "{said}");
@@ -552,4 +564,32 @@ async fn a_killed_workers_reservation_is_listed_and_released_on_postgres() {
     })
     .await
     .unwrap();
+}
+
+/// `list` and `stats` that find nothing say where they looked and how to look elsewhere.
+/// Before: an empty table under a mistyped prefix, and no hint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_listing_names_the_prefix_it_read() {
+    let prefix = format!("idemkit-cli-typo-{:x}", fastrand::u64(..));
+    let up = idemkit_redis::RedisStore::connect(&redis_url()).await;
+    if !idemkit_test::require_service("redis", up.is_ok()) {
+        return;
+    }
+    let cli = Cli {
+        store: vec![
+            "--store".into(),
+            redis_url(),
+            "--prefix".into(),
+            prefix.clone(),
+        ],
+    };
+    for cmd in ["list", "stats"] {
+        let out = cli.run(cmd, &[]);
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+        let said = stderr(&out);
+        assert!(
+            said.contains(&format!("{prefix:?}")) && said.contains("--prefix"),
+            "{cmd}: {said}"
+        );
+    }
 }

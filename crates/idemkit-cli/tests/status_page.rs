@@ -144,6 +144,16 @@ async fn the_status_page_in_a_headless_browser() {
     // What the page shows: the reservations oldest first, with owner and fencing token.
     assert!(page.contains("idemkit status"), "{page}");
     assert!(page.contains("In-flight reservations: 2"), "{page}");
+    // The store's time as a date, not Unix milliseconds (before: "read at 1764...").
+    let at = page
+        .split_once("read at ")
+        .map(|(_, rest)| rest.chars().take(23).collect::<String>())
+        .unwrap_or_default();
+    let shape: String = at
+        .chars()
+        .map(|c| if c.is_ascii_digit() { '9' } else { c })
+        .collect();
+    assert_eq!(shape, "9999-99-99 99:99:99 UTC", "{page}");
     let in_flight = rows(&page, "in-flight");
     assert_eq!(in_flight.len(), 2, "{in_flight:?}");
     assert!(

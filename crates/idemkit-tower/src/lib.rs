@@ -6,8 +6,8 @@
 //! after a worker died, names the same effect), reserves it in the coordinator's store, and
 //! calls the inner service only if no caller holds or has completed the key. The inner
 //! service's response is stored (JSON) and replayed to every later job with the key; a
-//! concurrent duplicate waits for it (or, in reject mode, fails with `InFlight` to be retried
-//! by the framework).
+//! concurrent duplicate waits for it (the default) and fails with `InFlight`, to be retried
+//! by the framework, if the wait outlasts the policy's `wait_timeout` or in reject mode.
 //!
 //! # Errors
 //!
