@@ -62,6 +62,7 @@ mod coordinator;
 pub mod downstream;
 mod dynamic;
 mod error;
+pub mod fault;
 mod fingerprint;
 pub mod ident;
 pub mod memory;

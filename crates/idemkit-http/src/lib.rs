@@ -662,7 +662,12 @@ mod problem;
 mod service;
 mod stored;
 
+/// axum, whose `Router::layer` the layer fits (with the `axum` feature, on by default).
+#[cfg(feature = "axum")]
+pub use axum;
 pub use body::ResponseBody;
+/// The HTTP types the layer's requests and responses are made of.
+pub use http;
 pub use key::{parse_key, parse_key_lenient};
 pub use problem::Problem;
 pub use service::ResponseFuture;

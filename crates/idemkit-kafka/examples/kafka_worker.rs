@@ -12,9 +12,9 @@
 //! replay, one mail per order. Without it, it consumes until Ctrl-C (or `--exit-after N`
 //! settled messages); messages are orders keyed by their order id.
 //!
-//! The crash test drives it as a child process: `--crash-after-effect` exits with code 3
-//! right after the first message's effect and completion, before its offset is stored, as a
-//! killed worker would; `--unprotected` runs without idempotency, for comparison.
+//! The crash tests drive it as a child process, stopped at a named point with
+//! `idemkit_test::faults::stop_at` (the code has no hook of its own); `--unprotected` runs
+//! without idempotency, for comparison.
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -43,7 +43,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let prefix = opt("--prefix").unwrap_or_else(|| "idemkit-example".into());
     let mails = opt("--mails").unwrap_or_else(|| format!("{prefix}:mails"));
     let exit_after: Option<u32> = opt("--exit-after").map(|n| n.parse()).transpose()?;
-    let crash = flag("--crash-after-effect");
     let demo = flag("--demo");
 
     if flag("--create-topic") || demo {
@@ -118,11 +117,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 m.offset(),
                 order_of(m)
             );
-            if crash {
-                // Killed after the effect and its completion, before the offset is stored:
-                // no destructor runs, nothing is committed.
-                std::process::exit(3);
-            }
             let n = s.fetch_add(1, Ordering::SeqCst) + 1;
             if exit_after.is_some_and(|e| n >= e) || (demo && n >= 3) {
                 d.notify_one();

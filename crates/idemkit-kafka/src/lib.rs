@@ -94,6 +94,9 @@ use std::time::Duration;
 use idemkit_core::{Key, KeyError, Store};
 pub use idemkit_runner::{Handle, Processed, Processor, RetryPolicy, Settlement};
 use idemkit_runner::{Settler, Transport};
+/// The Kafka client this crate is built on (its `ClientConfig`, `Message`, ...), so an
+/// application uses the same version as the runner without naming it in its manifest.
+pub use rdkafka;
 use rdkafka::client::ClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, StreamConsumer};

@@ -15,6 +15,7 @@ use idemkit_core::{Coordinator, Key, Operation};
 use idemkit_kafka::KafkaRunner;
 use idemkit_redis::RedisStore;
 use idemkit_runner::{Processor, RetryPolicy};
+use idemkit_test::faults::FaultPoint;
 use rdkafka::Message as _;
 
 use rdkafka::message::{Headers as _, OwnedMessage};
@@ -288,9 +289,11 @@ async fn a_handler_that_keeps_failing_is_retried_then_dead_lettered() {
     );
 }
 
-/// The crash: a worker process exits right after the effect and its completion, before the
-/// offset is stored; a second worker process in the same group gets the message again.
-async fn a_worker_killed_before_the_commit(
+/// The crash: a worker process stops at `point`; for `BeforeAck` (right after the effect and
+/// its completion, before the offset is stored) a second worker process in the same group
+/// gets the message again. The mails sent, per order.
+async fn a_worker_killed_at(
+    point: FaultPoint,
     brokers: &str,
     protected: bool,
 ) -> BTreeMap<String, u32> {
@@ -318,18 +321,19 @@ async fn a_worker_killed_before_the_commit(
         }
         c
     };
-    let first = tokio::time::timeout(
-        Duration::from_secs(90),
-        worker(&["--crash-after-effect"]).status(),
-    )
-    .await
-    .expect("the first worker handled the message")
-    .unwrap();
-    assert_eq!(
-        first.code(),
-        Some(3),
-        "the first worker crashed where it was told to"
+    let mut first = worker(&[]);
+    idemkit_test::faults::stop_at_tokio(&mut first, point);
+    let first = tokio::time::timeout(Duration::from_secs(90), first.status())
+        .await
+        .expect("the first worker handled the message")
+        .unwrap();
+    assert!(
+        idemkit_test::faults::stopped(&first),
+        "the first worker stopped where it was told to: {first}"
     );
+    if point != FaultPoint::BeforeAck {
+        return effects(&mails).await;
+    }
     let second = tokio::time::timeout(
         Duration::from_secs(90),
         worker(&["--exit-after", "1"]).status(),
@@ -345,12 +349,22 @@ async fn a_worker_killed_before_the_commit(
 async fn a_worker_killed_after_the_effect_and_before_the_commit_does_not_repeat_it() {
     let Some(brokers) = brokers() else { return };
     let (with, without) = tokio::join!(
-        a_worker_killed_before_the_commit(&brokers, true),
-        a_worker_killed_before_the_commit(&brokers, false)
+        a_worker_killed_at(FaultPoint::BeforeAck, &brokers, true),
+        a_worker_killed_at(FaultPoint::BeforeAck, &brokers, false)
     );
     eprintln!("mails with idemkit {with:?}, without {without:?}");
     assert_eq!(with["order-3"], 1, "with idemkit: the redelivery replays");
     assert_eq!(without["order-3"], 2, "without: the redelivery mails again");
+}
+
+/// `FaultPoint::AfterAction` stops the worker between its effect and the completion: the mail
+/// is out, the process is gone (the key stays reserved until its lease ends; a mail API
+/// that takes the attempt's downstream key is what makes the rerun harmless).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_can_be_stopped_between_its_effect_and_the_completion() {
+    let Some(brokers) = brokers() else { return };
+    let mails = a_worker_killed_at(FaultPoint::AfterAction, &brokers, true).await;
+    assert_eq!(mails["order-3"], 1, "the effect happened before the stop");
 }
 
 /// Two members of one group, the second joining while the first is mid-handler on every

@@ -73,6 +73,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The NATS client this crate is built on, so an application connects with the same
+/// version as the runner without naming it in its manifest.
+pub use async_nats;
 use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::{AckKind, Message};
 use futures_util::StreamExt as _;

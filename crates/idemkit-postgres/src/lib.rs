@@ -11,6 +11,10 @@
 //!
 //! See the README's "Which protection" table for when to use which.
 
+/// The database driver this crate is built on (its pool, transactions and queries), so an
+/// application uses the same version as the store without naming it in its manifest.
+pub use sqlx;
+
 mod builder;
 mod errors;
 mod fence;

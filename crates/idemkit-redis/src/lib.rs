@@ -53,6 +53,10 @@ use idemkit_core::{
 };
 use redis::{Cmd, Pipeline, Value};
 
+/// The Redis client this crate is built on, so an application uses the same version as the
+/// store without naming it in its manifest.
+pub use redis;
+
 mod builder;
 mod coalesce;
 mod conn;

@@ -182,6 +182,8 @@ where
                     parked: false,
                 });
             }
+            // A test's crash point: settled, not yet acknowledged to the broker.
+            idemkit_core::fault::hit(idemkit_core::fault::FaultPoint::BeforeAck);
             let Some(hook) = &self.on_settled else {
                 return Some(Final {
                     processed: settled,

@@ -40,6 +40,8 @@ use idemkit_core::{Key, Operation, RawStore, StorageKey, Store};
 pub mod brokers;
 pub mod coordinator;
 mod effects;
+#[cfg(feature = "fault-points")]
+pub mod faults;
 pub mod pg_server;
 mod probe;
 pub mod redis_server;

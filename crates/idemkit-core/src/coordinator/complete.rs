@@ -66,6 +66,8 @@ impl<S: Store, C, P, K: Completer, B> Call<'_, S, C, P, K, B> {
                 return Err(Error::Action(e));
             }
         };
+        // A test's crash point: the effect happened, nothing is stored yet.
+        crate::fault::hit(crate::fault::FaultPoint::AfterAction);
         // From here the completion belongs to the completer's transaction: a dropped call
         // must neither release nor complete from outside it.
         guard.pending = Pending::Done;

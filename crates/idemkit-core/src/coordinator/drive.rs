@@ -330,6 +330,8 @@ impl<S: Store, C, P, K, B> Call<'_, S, C, P, K, B> {
                     return Err(Error::Action(e));
                 }
             };
+            // A test's crash point: the effect happened, nothing is stored yet.
+            crate::fault::hit(crate::fault::FaultPoint::AfterAction);
             guard.pending = Pending::Complete(completion.clone());
             let stored = keeper.complete(&completion).await;
             guard.pending = Pending::Done;
