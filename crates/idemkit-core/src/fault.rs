@@ -29,17 +29,27 @@ pub enum FaultPoint {
     /// acknowledged it to the broker (Kafka: the offset is not stored; JetStream: no `ack`).
     /// A crash here redelivers the message, whose call is then a replay.
     BeforeAck,
+    /// An inbox handler (`idemkit_postgres::Inbox::handler`) committed its database effect
+    /// with its inbox row and has not run its external effect. A crash here leaves the key
+    /// reserved until its lease ends; the next delivery finds the claim committed, skips the
+    /// database effect and sends the external one.
+    AfterInboxCommit,
 }
 
 impl FaultPoint {
     /// Every point.
-    pub const ALL: [FaultPoint; 2] = [FaultPoint::AfterAction, FaultPoint::BeforeAck];
+    pub const ALL: [FaultPoint; 3] = [
+        FaultPoint::AfterAction,
+        FaultPoint::BeforeAck,
+        FaultPoint::AfterInboxCommit,
+    ];
 
     /// The point's name, as `IDEMKIT_STOP_AT` spells it.
     pub fn name(self) -> &'static str {
         match self {
             FaultPoint::AfterAction => "after-action",
             FaultPoint::BeforeAck => "before-ack",
+            FaultPoint::AfterInboxCommit => "after-inbox-commit",
         }
     }
 

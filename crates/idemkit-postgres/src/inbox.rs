@@ -12,7 +12,7 @@ use crate::errors::map_err;
 use crate::names::{NameError, Table, check};
 use crate::tx::TxFuture;
 
-const MIGRATE: &str = "Inbox::migrate(&pool)";
+pub(crate) const MIGRATE: &str = "Inbox::migrate(&pool)";
 
 /// What [`Inbox::claim`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,9 +38,16 @@ pub enum InboxError {
     Store(#[from] StoreError),
 }
 
-/// The transactional inbox: one row per (consumer, message id), inserted in the handler's own
+/// The transactional inbox: one row per (consumer, claim), inserted in the handler's own
 /// transaction, so it commits or rolls back with the handler's database effects. A
 /// redelivered message finds the row and its effects committed.
+///
+/// **Claim the effect, not the message.** The claim is the identity of what the message asks
+/// for (`order-9.invoice`, the same name as the effect's key), not the message's transport id
+/// (`orders.paid/3/1042`, a partition and an offset): a producer that retries sends the same
+/// order as a new message, at a new offset, which must find the order's claim. A transport id
+/// only deduplicates the broker's redeliveries of one message. (The column is still called
+/// `message_id`.)
 ///
 /// Concurrent deliveries of one message: the second transaction's insert waits on the first
 /// (the primary key), then sees [`Seen::Duplicate`] if the first committed, or
@@ -50,7 +57,8 @@ pub enum InboxError {
 ///
 /// An inbox protects *database* effects only. An external effect (an email) is outside the
 /// transaction: give it its own key and run it after the commit on every delivery, duplicates
-/// included, which is what [`deliver`](Inbox::deliver) does.
+/// included, which is what [`deliver`](Inbox::deliver) does, and
+/// [`handler`](Inbox::handler) for a runner.
 ///
 /// # Example
 ///
@@ -61,7 +69,8 @@ pub enum InboxError {
 /// let inbox = Inbox::new();
 /// inbox.migrate(&pool).await?;
 /// let mut tx = pool.begin().await?;
-/// if inbox.claim(&mut tx, "billing", "orders.paid/3/1042").await? == Seen::New {
+/// // The order's invoice, whichever message (offset) asked for it.
+/// if inbox.claim(&mut tx, "billing", "order-9.invoice").await? == Seen::New {
 ///     sqlx::query("INSERT INTO ledger (order_id) VALUES ('order-9')").execute(&mut *tx).await?;
 /// }
 /// tx.commit().await?;
@@ -69,7 +78,7 @@ pub enum InboxError {
 /// ```
 #[derive(Debug, Clone)]
 pub struct Inbox {
-    table: Table,
+    pub(crate) table: Table,
     retention: Duration,
     claim_sql: String,
     purge_sql: String,
@@ -301,7 +310,7 @@ impl Inbox {
     ///     .deliver(
     ///         &pool,
     ///         "billing",
-    ///         "orders.paid/3/1042",
+    ///         "order-9.invoice",
     ///         |conn| Box::pin(async move {
     ///             sqlx::query("INSERT INTO ledger (order_id) VALUES ('order-9')")
     ///                 .execute(conn).await?;

@@ -2,12 +2,15 @@
 //!
 //! - [`PgStore`]: the idemkit [`Store`](idemkit_core::Store) on a table of your database, with
 //!   the same semantics as the Redis store (one statement per phase, fencing, push wake-ups).
-//! - [`Inbox`]: the transactional inbox, a row per (consumer, message id) written in your own
+//! - [`Inbox`]: the transactional inbox, a row per (consumer, claim) written in your own
 //!   transaction, so that a redelivered message finds its database effects already committed.
+//!   The claim names the effect (`order-9.invoice`), as a key does, not the message.
 //! - [`TxCall`]: a call whose result is stored in your transaction, committing or rolling back
 //!   with the database effect it protects.
 //! - [`Inbox::deliver`]: the seed's order of effects in one call: database effect and inbox
 //!   row, commit, then the external effect under its own key on every delivery.
+//! - [`Inbox::handler`]: the same order as a runner's handler ([`InboxHandler`]), under a
+//!   `Processor` on the effect's key, for the Kafka and the JetStream runner alike.
 //!
 //! See the README's "Which protection" table for when to use which.
 
@@ -16,6 +19,7 @@
 pub use sqlx;
 
 mod builder;
+mod consume;
 mod errors;
 mod fence;
 mod inbox;
@@ -28,6 +32,7 @@ mod tx;
 mod wake;
 
 pub use builder::PgStoreBuilder;
+pub use consume::{HandlerError, InboxHandler};
 pub use fence::Fences;
 pub use inbox::{DeliverError, Delivered, Inbox, InboxError, Seen};
 pub use names::{MAX_NAME_LEN, NameError};

@@ -1,5 +1,5 @@
 //! Helpers for tests against a real Kafka-protocol broker (tansu) and Redis.
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, unused_imports)]
 
 use std::time::Duration;
 

@@ -1,5 +1,5 @@
 //! Helpers for tests against a real nats-server with JetStream, and Redis.
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, unused_imports)]
 
 /// The server (see [`idemkit_test::brokers::nats`]).
 pub fn server() -> Option<String> {
