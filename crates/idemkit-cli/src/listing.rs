@@ -220,6 +220,7 @@ fn row_json(e: &Listed, now_ms: u64) -> serde_json::Value {
             row["fencing"] = r.fencing.get().into();
             row["age_ms"] = now_ms.saturating_sub(r.created_at_ms).into();
             row["expires_in_ms"] = r.expires_at_ms.saturating_sub(now_ms).into();
+            crate::ops::holder_fields(r, now_ms, &mut row);
         }
         None => row["state"] = "unreadable".into(),
     }
@@ -232,18 +233,19 @@ fn row_text(e: &Listed, now_ms: u64) -> String {
     let scope = scope.as_ref().map_or("-", |s| s.as_str()).to_string();
     match &e.record {
         Some(r) => format!(
-            "{:<18} {:>9} {:>9} {:>18} {:>7}  {}  {}  {}",
-            state_of(r, now_ms),
+            "{:<18} {:>9} {:>9} {:>18} {:>7}  {}  {}  {}  {}",
+            crate::ops::state_text(r, now_ms),
             human(now_ms.saturating_sub(r.created_at_ms)),
             human(r.expires_at_ms.saturating_sub(now_ms)),
             r.fencing.get(),
             e.size,
             op.as_str(),
             scope,
-            key.as_str()
+            key.as_str(),
+            crate::ops::holder_text(r)
         ),
         None => format!(
-            "{:<18} {:>9} {:>9} {:>18} {:>7}  {}  {}  {}",
+            "{:<18} {:>9} {:>9} {:>18} {:>7}  {}  {}  {}  -",
             "unreadable",
             "-",
             "-",
@@ -256,8 +258,7 @@ fn row_text(e: &Listed, now_ms: u64) -> String {
     }
 }
 
-const HEADER: &str =
-    "STATE                    AGE      LEFT            FENCING    SIZE  OPERATION  SCOPE  KEY";
+const HEADER: &str = "STATE                    AGE      LEFT            FENCING    SIZE  OPERATION  SCOPE  KEY  HELD BY";
 
 /// The filter checked, then the store connected: bad arguments fail before any connection.
 async fn open(store: &StoreArgs, filter: &Filter) -> Result<(Checked, Target), Exit> {

@@ -289,6 +289,38 @@ pub(crate) fn state_of(r: &Record, now_ms: u64) -> &'static str {
     }
 }
 
+/// Who holds a record, as one line: `web-1 pid 4242 (billing)`; `-` for a record written
+/// without a holder (before record format 2, or `without_holder`).
+pub(crate) fn holder_text(r: &Record) -> String {
+    r.holder.as_ref().map_or_else(
+        || "-".to_string(),
+        |h| format!("{} pid {} ({})", h.host, h.pid, h.name),
+    )
+}
+
+/// The holder and its renewals, for JSON: `holder` (host, pid, name or null), `renewed_ms_ago`
+/// (a reservation with a recorded lease), and `stale` (its holder stopped renewing it).
+pub(crate) fn holder_fields(r: &Record, now_ms: u64, row: &mut serde_json::Value) {
+    row["holder"] = r.holder.as_ref().map_or(
+        serde_json::Value::Null,
+        |h| serde_json::json!({"host": h.host, "pid": h.pid, "name": h.name}),
+    );
+    if matches!(r.state, RecordState::Reserved) {
+        row["renewed_ms_ago"] = r.renewed_at_ms().map(|at| now_ms.saturating_sub(at)).into();
+    }
+    row["stale"] = r.is_stale(now_ms).into();
+}
+
+/// `stale` after a reservation's state when its holder stopped renewing it.
+pub(crate) fn state_text(r: &Record, now_ms: u64) -> String {
+    let state = state_of(r, now_ms);
+    if state == "reserved" && r.is_stale(now_ms) {
+        "reserved, STALE".to_string()
+    } else {
+        state.to_string()
+    }
+}
+
 fn describe(key: &StorageKey, r: &Record, now_ms: u64, json: bool) -> String {
     let state = state_of(r, now_ms);
     let (kind, bytes) = match &r.state {
@@ -307,7 +339,7 @@ fn describe(key: &StorageKey, r: &Record, now_ms: u64, json: bool) -> String {
             }),
         });
     if json {
-        serde_json::json!({
+        let mut v = serde_json::json!({
             "key": key.to_string(),
             "state": state,
             "owner": r.owner.to_string(),
@@ -318,16 +350,26 @@ fn describe(key: &StorageKey, r: &Record, now_ms: u64, json: bool) -> String {
             "result_bytes": bytes.as_ref().map(|b| b.len()),
             "result_kind": kind.map(|k| format!("{k:?}")),
             "preview": preview,
-        })
-        .to_string()
+        });
+        holder_fields(r, now_ms, &mut v);
+        v.to_string()
     } else {
         let mut out = format!(
-            "key          {key}\nstate        {state}\nowner        {}\nfencing      {}\nage          {:.3} s\nexpires in   {:.3} s\n",
+            "key          {key}\nstate        {}\nowner        {}\nheld by      {}\nfencing      {}\nage          {:.3} s\nexpires in   {:.3} s\n",
+            state_text(r, now_ms),
             r.owner,
+            holder_text(r),
             r.fencing.get(),
             age_ms as f64 / 1000.0,
             left_ms as f64 / 1000.0
         );
+        if let (RecordState::Reserved, Some(at)) = (&r.state, r.renewed_at_ms()) {
+            let _ = writeln!(
+                out,
+                "renewed      {:.3} s ago",
+                now_ms.saturating_sub(at) as f64 / 1000.0
+            );
+        }
         if let Some(f) = r.fingerprint {
             let _ = writeln!(out, "fingerprint  {f}");
         }
@@ -434,19 +476,21 @@ pub(crate) async fn release(store: &StoreArgs, record: &RecordArgs, force: bool)
         // One line, on stdout: what was done, to whose reservation.
         Ok(what) => {
             if record.json {
-                println!(
-                    "{}",
-                    serde_json::json!({
+                println!("{}", {
+                    let mut v = serde_json::json!({
                         "key": key.to_string(),
                         "done": what,
                         "owner": r.owner.to_string(),
                         "fencing": r.fencing.get(),
-                    })
-                );
+                    });
+                    holder_fields(&r, now_ms(), &mut v);
+                    v
+                });
             } else {
                 println!(
-                    "{what}: {key} (owner {}, fencing {})",
+                    "{what}: {key} (owner {}, held by {}, fencing {})",
                     r.owner,
+                    holder_text(&r),
                     r.fencing.get()
                 );
             }

@@ -85,14 +85,16 @@ pub(crate) fn status(s: &Status<'_>) -> Markup {
             @if let Some(done) = s.done { p #done .ok { (done) } }
             h2 { "In-flight reservations: " (s.total) }
             p.muted {
-                "Oldest first (at most " (s.shown) "). A reservation far older than its \
-                 operation's actions take is likely stuck: its owner died, and the next \
-                 delivery waits until its lease ends."
+                "Oldest first (at most " (s.shown) "). A reservation marked STALE has not been \
+                 renewed for over half its lease: its holder (host and process) is gone, \
+                 stopped or stuck, and the next delivery waits until the lease ends \
+                 (or until it is released)."
             }
             table #in-flight {
                 tr {
                     th { "Operation" } th { "Scope" } th { "Key" } th { "Owner" }
-                    th { "Fencing" } th { "Age" } th { "Lease left" }
+                    th { "Fencing" } th { "Age" } th { "Lease left" } th { "Held by" }
+                    th { "Renewed" }
                     @if s.writes { th {} }
                 }
                 @for e in s.reservations {
@@ -105,6 +107,14 @@ pub(crate) fn status(s: &Status<'_>) -> Markup {
                             td.n { (r.fencing.get()) }
                             td.n { (human(now.saturating_sub(r.created_at_ms))) }
                             td.n { (human(r.expires_at_ms.saturating_sub(now))) }
+                            td { (crate::ops::holder_text(r)) }
+                            @if r.is_stale(now) {
+                                td.warn.stale {
+                                    "STALE: " (r.renewed_at_ms().map_or("-".into(), |at| human(now.saturating_sub(at)))) " ago"
+                                }
+                            } @else {
+                                td.n { (r.renewed_at_ms().map_or("-".into(), |at| human(now.saturating_sub(at)) + " ago")) }
+                            }
                             @if s.writes {
                                 td {
                                     a.action href=(format!(

@@ -536,9 +536,10 @@ fn stuck_reservation(store: &[&str]) {
     assert_eq!(shown["state"], "completed");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_workers_reservation_is_listed_and_released_on_redis() {
-    let prefix = format!("idemkit-cli-stuck-{:x}", fastrand::u64(..));
+/// Runs a worker-process scenario (blocking) against the machine's Redis, under a fresh
+/// prefix.
+async fn on_redis(scenario: fn(&[&str])) {
+    let prefix = format!("idemkit-cli-workers-{:x}", fastrand::u64(..));
     let up = idemkit_redis::RedisStore::connect(&redis_url())
         .await
         .is_ok();
@@ -546,24 +547,30 @@ async fn a_killed_workers_reservation_is_listed_and_released_on_redis() {
         return;
     }
     let url = redis_url();
-    tokio::task::spawn_blocking(move || {
-        stuck_reservation(&["--store", &url, "--prefix", &prefix]);
-    })
-    .await
-    .unwrap();
+    tokio::task::spawn_blocking(move || scenario(&["--store", &url, "--prefix", &prefix]))
+        .await
+        .unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_workers_reservation_is_listed_and_released_on_postgres() {
+/// Runs a worker-process scenario (blocking) against the machine's PostgreSQL.
+async fn on_postgres(scenario: fn(&[&str])) {
     if postgres().await.is_none() {
         return;
     }
     let url = postgres_url();
-    tokio::task::spawn_blocking(move || {
-        stuck_reservation(&["--store", &url, "--schema", SCHEMA]);
-    })
-    .await
-    .unwrap();
+    tokio::task::spawn_blocking(move || scenario(&["--store", &url, "--schema", SCHEMA]))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_workers_reservation_is_listed_and_released_on_redis() {
+    on_redis(stuck_reservation).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_workers_reservation_is_listed_and_released_on_postgres() {
+    on_postgres(stuck_reservation).await;
 }
 
 /// `list` and `stats` that find nothing say where they looked and how to look elsewhere.
@@ -592,4 +599,118 @@ async fn an_empty_listing_names_the_prefix_it_read() {
             "{cmd}: {said}"
         );
     }
+}
+
+/// One row of `list --json` for `key`.
+fn listed(cli: &Cli, key: &str) -> Value {
+    let v = cli.json(
+        "list",
+        &["--operation", "mail.invoice", "--state", "reserved"],
+    );
+    v.as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["key"] == key)
+        .cloned()
+        .unwrap_or_else(|| panic!("{key} not listed: {v}"))
+}
+
+/// A worker whose reservation is renewed every 6 s (lease 18 s): `list` shows its host and
+/// process id and does not flag it while it runs; stopped with SIGSTOP (alive, renewing
+/// nothing), it is flagged stale within two renewal intervals (9.5 s after the stop: 9.5 to
+/// 15.5 s after its last renewal, before its lease ends), by the page and `list`.
+fn stale_reservation(store: &[&str]) {
+    let key = format!("order-{:x}", fastrand::u64(..));
+    let cli = Cli {
+        store: store.iter().map(|s| s.to_string()).collect(),
+    };
+    let mut first = Command::new(idemkit_test::example_binary("invoice_worker"))
+        .args(store)
+        .args(["--key", &key, "--work", "1h", "--lease", "18s"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the invoice_worker example is built by `cargo test`");
+    let mut line = String::new();
+    BufReader::new(first.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.starts_with("reserved "), "the worker said {line:?}");
+    let host = idemkit_core::record::Holder::this_process().host;
+    // Live and slow: over two renewal intervals, never flagged.
+    for _ in 0..4 {
+        let row = listed(&cli, &key);
+        assert_eq!(row["holder"]["pid"], first.id(), "{row}");
+        assert_eq!(row["holder"]["host"], host.as_str(), "{row}");
+        assert_eq!(row["holder"]["name"], "invoice_worker", "{row}");
+        assert_eq!(row["stale"], false, "a live holder renews: {row}");
+        std::thread::sleep(Duration::from_secs(3));
+    }
+    let page = support::Server::start(store, &[]);
+    // Stopped: alive, holding the key, renewing nothing.
+    let pid = first.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-STOP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    std::thread::sleep(Duration::from_millis(9_500));
+    let html = http_get::blocking_get(&format!("{}/", page.base));
+    let row_html = html
+        .split("<tr")
+        .find(|r| r.contains(&key))
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        row_html.contains("STALE") && row_html.contains(&format!("pid {pid}")),
+        "{html}"
+    );
+    let row = listed(&cli, &key);
+    assert_eq!(
+        row["stale"], true,
+        "within two renewal intervals of the stop: {row}"
+    );
+    assert!(row["renewed_ms_ago"].as_u64().unwrap() > 9_000, "{row}");
+    let text = cli.run(
+        "list",
+        &["--operation", "mail.invoice", "--state", "reserved"],
+    );
+    let text = String::from_utf8_lossy(&text.stdout);
+    let ours = text.lines().find(|l| l.contains(&key)).unwrap_or_default();
+    assert!(
+        ours.contains("STALE") && ours.contains(&format!("pid {pid}")),
+        "{text}"
+    );
+    first.kill().unwrap();
+    first.wait().unwrap();
+}
+
+/// A plain GET with std only (the tests' reqwest has no blocking client).
+mod http_get {
+    pub(crate) fn blocking_get(url: &str) -> String {
+        use std::io::{Read as _, Write as _};
+        let rest = url.strip_prefix("http://").unwrap();
+        let (host, path) = rest.split_once('/').map_or((rest, ""), |(h, p)| (h, p));
+        let mut s = std::net::TcpStream::connect(host).unwrap();
+        write!(
+            s,
+            "GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_workers_reservation_is_flagged_stale_on_redis() {
+    on_redis(stale_reservation).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_workers_reservation_is_flagged_stale_on_postgres() {
+    on_postgres(stale_reservation).await;
 }

@@ -1,6 +1,7 @@
 //! PostgreSQL errors and rows, mapped to what the coordinator must do about them.
 
 use bytes::Bytes;
+use idemkit_core::record::Holder;
 use idemkit_core::{
     FencingToken, Fingerprint, OwnerToken, Record, RecordState, ResultKind, StorageKey, StoreError,
     StoreErrorKind, StoredResult,
@@ -76,7 +77,26 @@ pub(crate) fn read_record(
     }
     .check(key);
     let (created, expires) = (row.try_get(first + 7)?, row.try_get(first + 8)?);
-    Ok(checked.map(|c| c.into_record(created, expires)))
+    // The holder column (migration 2), selected last by `get` and `scan`.
+    let holder: Option<Vec<u8>> = row.try_get("holder")?;
+    Ok(checked.and_then(|c| {
+        let mut record = c.into_record(created, expires);
+        if let Some(block) = holder {
+            let (h, lease, rest) = Holder::from_block(&block)
+                .ok()
+                .filter(|(_, _, rest)| rest.is_empty())
+                .ok_or_else(|| {
+                    StoreError::corrupt(format!(
+                        "the row under {:?} has a holder column that is not a holder",
+                        key.as_str()
+                    ))
+                })?;
+            let _ = rest;
+            record.holder = Some(std::sync::Arc::new(h));
+            record.lease_ms = Some(lease);
+        }
+        Ok(record)
+    }))
 }
 
 /// The columns of one row, as read.
@@ -185,6 +205,8 @@ impl Checked {
             fingerprint,
             created_at_ms: ms(created_at_ms),
             expires_at_ms: ms(expires_at_ms),
+            holder: None,
+            lease_ms: None,
         }
     }
 }

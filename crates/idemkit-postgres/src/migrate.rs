@@ -11,10 +11,16 @@ pub(crate) struct Migration {
     pub(crate) sql: &'static str,
 }
 
-pub(crate) const RECORDS: &[Migration] = &[Migration {
-    version: 1,
-    sql: include_str!("../migrations/records/0001_create.sql"),
-}];
+pub(crate) const RECORDS: &[Migration] = &[
+    Migration {
+        version: 1,
+        sql: include_str!("../migrations/records/0001_create.sql"),
+    },
+    Migration {
+        version: 2,
+        sql: include_str!("../migrations/records/0002_holder.sql"),
+    },
+];
 
 pub(crate) const INBOX: &[Migration] = &[Migration {
     version: 1,

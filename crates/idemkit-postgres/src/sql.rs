@@ -53,13 +53,13 @@ impl Statements {
                    FROM {t} WHERE key = $1 \
                  ), \
                  ins AS ( \
-                   INSERT INTO {t} AS r (key, version, state, owner, fencing, fingerprint, created_at, expires_at, waiting) \
-                   SELECT $1, 1, 1, $2, nextval('{seq}'), $4, c.now, c.now + $3 * interval '1 microsecond', false \
+                   INSERT INTO {t} AS r (key, version, state, owner, fencing, fingerprint, created_at, expires_at, waiting, holder) \
+                   SELECT $1, 1, 1, $2, nextval('{seq}'), $4, c.now, c.now + $3 * interval '1 microsecond', false, $5 \
                    FROM c WHERE NOT EXISTS (SELECT 1 FROM cur WHERE cur.expires_at > c.now) \
                    ON CONFLICT (key) DO UPDATE SET version = 1, state = 1, owner = excluded.owner, \
                      fencing = excluded.fencing, fingerprint = excluded.fingerprint, \
                      created_at = excluded.created_at, expires_at = excluded.expires_at, \
-                     waiting = false, kind = NULL, result = NULL \
+                     waiting = false, kind = NULL, result = NULL, holder = excluded.holder \
                    WHERE r.expires_at <= excluded.created_at \
                    RETURNING r.fencing \
                  ) \
@@ -79,21 +79,21 @@ impl Statements {
             // lock them in the same order (no deadlock).
             begin_many: format!(
                 "WITH c AS (SELECT clock_timestamp() AS now), \
-                 req AS (SELECT * FROM unnest($1::text[], $2::bytea[], $4::bytea[]) AS q(k, o, f)), \
+                 req AS (SELECT * FROM unnest($1::text[], $2::bytea[], $4::bytea[], $5::bytea[]) AS q(k, o, f, h)), \
                  cur AS ( \
                    SELECT t.key, t.version, t.state, t.owner, t.fencing, t.fingerprint, t.kind, t.result, \
                      t.created_at, t.expires_at \
                    FROM {t} t WHERE t.key = ANY($1::text[]) \
                  ), \
                  ins AS ( \
-                   INSERT INTO {t} AS r (key, version, state, owner, fencing, fingerprint, created_at, expires_at, waiting) \
-                   SELECT req.k, 1, 1, req.o, nextval('{seq}'), req.f, c.now, c.now + $3 * interval '1 microsecond', false \
+                   INSERT INTO {t} AS r (key, version, state, owner, fencing, fingerprint, created_at, expires_at, waiting, holder) \
+                   SELECT req.k, 1, 1, req.o, nextval('{seq}'), req.f, c.now, c.now + $3 * interval '1 microsecond', false, req.h \
                    FROM req, c WHERE NOT EXISTS (SELECT 1 FROM cur WHERE cur.key = req.k AND cur.expires_at > c.now) \
                    ORDER BY req.k \
                    ON CONFLICT (key) DO UPDATE SET version = 1, state = 1, owner = excluded.owner, \
                      fencing = excluded.fencing, fingerprint = excluded.fingerprint, \
                      created_at = excluded.created_at, expires_at = excluded.expires_at, \
-                     waiting = false, kind = NULL, result = NULL \
+                     waiting = false, kind = NULL, result = NULL, holder = excluded.holder \
                    WHERE r.expires_at <= excluded.created_at \
                    RETURNING r.key, r.fencing \
                  ) \
@@ -157,17 +157,17 @@ impl Statements {
             get: format!(
                 "SELECT version, state, owner, fencing, fingerprint, kind, result, \
                    floor(extract(epoch FROM created_at) * 1000)::int8, \
-                   floor(extract(epoch FROM expires_at) * 1000)::int8 \
+                   floor(extract(epoch FROM expires_at) * 1000)::int8, holder \
                  FROM {t} WHERE key = $1 AND expires_at > clock_timestamp()"
             ),
             put_raw: format!(
-                "INSERT INTO {t} (key, version, state, owner, fencing, fingerprint, created_at, expires_at, kind, result) \
+                "INSERT INTO {t} (key, version, state, owner, fencing, fingerprint, created_at, expires_at, kind, result, holder) \
                  VALUES ($1, $2, $3, $4, $5, $6, clock_timestamp(), \
-                   clock_timestamp() + $7 * interval '1 microsecond', $8, $9) \
+                   clock_timestamp() + $7 * interval '1 microsecond', $8, $9, $10) \
                  ON CONFLICT (key) DO UPDATE SET version = excluded.version, state = excluded.state, \
                    owner = excluded.owner, fencing = excluded.fencing, fingerprint = excluded.fingerprint, \
                    created_at = excluded.created_at, expires_at = excluded.expires_at, waiting = false, \
-                   kind = excluded.kind, result = excluded.result"
+                   kind = excluded.kind, result = excluded.result, holder = excluded.holder"
             ),
             // Wakes a waiter, as `release` does: an operator's purge of a stuck
             // reservation lets the next delivery run at once.
@@ -194,7 +194,7 @@ impl Statements {
                    floor(extract(epoch FROM created_at) * 1000)::int8, \
                    floor(extract(epoch FROM expires_at) * 1000)::int8, \
                    pg_column_size(r.*)::int8, \
-                   floor(extract(epoch FROM clock_timestamp()) * 1000)::int8 \
+                   floor(extract(epoch FROM clock_timestamp()) * 1000)::int8, holder \
                  FROM {t} AS r WHERE key > $1 AND key >= $2 AND ($3::text IS NULL OR key < $3) \
                  ORDER BY key LIMIT $4"
             ),

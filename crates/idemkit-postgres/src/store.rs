@@ -380,12 +380,14 @@ impl Store for PgStore {
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Claim, StoreError> {
         let owner = req.owner.as_u128().to_be_bytes();
         let fingerprint = req.fingerprint.map(|f| f.to_bytes());
+        let holder = holder_block(req);
         for _ in 0..BEGIN_ATTEMPTS {
             let row = sqlx::query(&self.inner.sql.begin)
                 .bind(req.key.as_str())
                 .bind(&owner[..])
                 .bind(micros(req.lease))
                 .bind(fingerprint.as_ref().map(|f| &f[..]))
+                .bind(holder.as_deref())
                 .fetch_optional(&self.inner.pool)
                 .await
                 .map_err(|e| self.err(e))?;
@@ -428,6 +430,7 @@ impl Store for PgStore {
             .iter()
             .map(|r| r.fingerprint.map(|f| f.to_bytes().to_vec()))
             .collect();
+        let holders: Vec<Option<Vec<u8>>> = reqs.iter().map(holder_block).collect();
         // One lease for the batch: the coordinator reserves a batch with one policy.
         let lease = reqs.iter().map(|r| r.lease).max().unwrap_or_default();
         let rows = sqlx::query(&self.inner.sql.begin_many)
@@ -435,6 +438,7 @@ impl Store for PgStore {
             .bind(&owners)
             .bind(micros(lease))
             .bind(&fingerprints)
+            .bind(&holders)
             .fetch_all(&self.inner.pool)
             .await;
         let rows = match rows {
@@ -620,6 +624,7 @@ impl RawStore for PgStore {
                     .bind(micros(ttl))
                     .bind(kind)
                     .bind(result)
+                    .bind(r.holder.as_ref().map(|h| h.block(r.lease_ms.unwrap_or(0))))
             }
             Err(_) => q
                 .bind(0i16)
@@ -629,7 +634,8 @@ impl RawStore for PgStore {
                 .bind(None::<Vec<u8>>)
                 .bind(micros(ttl))
                 .bind(None::<i16>)
-                .bind(Some(bytes.to_vec())),
+                .bind(Some(bytes.to_vec()))
+                .bind(None::<Vec<u8>>),
         };
         q.execute(&self.inner.pool).await.map_err(|e| self.err(e))?;
         Ok(())
@@ -644,4 +650,11 @@ impl RawStore for PgStore {
             .map_err(|e| self.err(e))?;
         Ok(deleted > 0)
     }
+}
+
+/// A `begin`'s holder column: the record format's holder block (the reserving process and
+/// the lease), or `NULL` without a holder.
+fn holder_block(req: &BeginRequest<'_>) -> Option<Vec<u8>> {
+    let lease_ms = u64::try_from(req.lease.as_millis()).unwrap_or(u64::MAX);
+    req.holder.map(|h| h.block(lease_ms))
 }

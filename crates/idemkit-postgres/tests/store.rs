@@ -330,7 +330,8 @@ async fn migrate_is_idempotent_and_concurrent_calls_agree() {
     .fetch_one(store.pool())
     .await
     .unwrap();
-    assert_eq!(applied, 1);
+    // Each of the records table's two migrations (the table; the holder column), once.
+    assert_eq!(applied, 2);
 }
 
 /// Checked at the end, by `build` and `connect` (sqlx's `PgPoolOptions` way): `connect`
@@ -453,6 +454,8 @@ async fn a_record_written_by_hand_keeps_fencing_tokens_increasing() {
         fingerprint: None,
         created_at_ms: 0,
         expires_at_ms: 0,
+        holder: None,
+        lease_ms: None,
     };
     store
         .put_raw(&key, record.encode().into(), Duration::from_millis(50))

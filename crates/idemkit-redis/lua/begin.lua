@@ -5,7 +5,8 @@
 --   6 flags: 1 fingerprint present; 2 (Redis only, reservations only) a waiter is subscribed,
 --     so complete and release publish (watch.lua sets it; clients clear it before decoding)
 --   7-22 owner token  23-30 fencing  31-38 created ms  39-46 expires ms
---   [47-62 fingerprint]  completed only: kind(1) length(4) result bytes
+--   [47-62 fingerprint]  version 2 only: the holder block (lease ms u64, pid u32, host and
+--   name, each a length byte and UTF-8)  completed only: kind(1) length(4) result bytes
 -- Redis writes 0 for created and expires: the expiry is the key's PX (readers ask PTTL), and
 -- the creation time is the fencing token's (Unix microseconds, see below), which the client
 -- derives when it reads a record.
@@ -14,6 +15,7 @@
 -- KEYS[1] record key
 -- ARGV[1] flags byte (1 with a fingerprint, else 0) and owner token (16 bytes)
 -- ARGV[2] lease ms  ARGV[3] fingerprint (16 bytes) or ''
+-- ARGV[4] the holder block (record version 2), or '' (version 1)
 -- Returns an integer > 0     reserved for the caller (now, or already by this same owner
 --                            token: a retried begin whose first reply was lost, whose lease
 --                            it then renews); the integer is its fencing token
@@ -31,14 +33,16 @@ local key = KEYS[1]
 local v = redis.call('GET', key)
 local previous
 if v then
-  local head = string.sub(v, 1, 5)
-  if (head == 'IDK\1\2' or head == 'IDK\1\1') and #v >= 46 then
+  -- "IDK" and the state; the version (byte 4) is 1 or 2 for a record of ours.
+  local head = string.sub(v, 1, 3) .. string.sub(v, 5, 5)
+  local version = string.byte(v, 4)
+  if (head == 'IDK\2' or head == 'IDK\1') and (version == 1 or version == 2) and #v >= 46 then
     local fingerprint = ''
     if string.byte(v, 6) % 2 == 1 then fingerprint = string.sub(v, 47, 62) end
     if fingerprint ~= ARGV[3] then
       return 0
     end
-    if head == 'IDK\1\2' then
+    if head == 'IDK\2' then
       return v
     end
     if string.sub(v, 7, 22) == string.sub(ARGV[1], 2) then
@@ -51,7 +55,7 @@ if v then
     local t = redis.call('TIME')
     return {v, redis.call('PTTL', key), t[1] * 1000000 + t[2]}
   end
-  if head ~= 'IDK\1\3' or #v ~= 13 then
+  if head ~= 'IDK\3' or version ~= 1 or #v ~= 13 then
     -- Foreign or damaged bytes (a record head too short to be one included): change
     -- nothing, hand them to the client to report.
     return v
@@ -68,7 +72,9 @@ local fencing = t[1] * 1000000 + t[2]
 if previous and fencing <= previous then
   fencing = previous + 1
 end
+local version = 'IDK\1\1'
+if ARGV[4] ~= '' then version = 'IDK\2\1' end
 redis.call('PSETEX', key, ARGV[2],
-  'IDK\1\1' .. ARGV[1] .. struct.pack('>I8', fencing) .. '\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0'
-    .. ARGV[3])
+  version .. ARGV[1] .. struct.pack('>I8', fencing) .. '\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0'
+    .. ARGV[3] .. ARGV[4])
 return fencing

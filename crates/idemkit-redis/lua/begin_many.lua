@@ -8,7 +8,8 @@
 --
 -- KEYS      the record keys (distinct, one slot)
 -- ARGV[1]   lease ms
--- ARGV[2i]  key i's flags byte and owner token (17 bytes)  ARGV[2i+1] its fingerprint or ''
+-- ARGV[3i-1]  key i's flags byte and owner token (17 bytes)  ARGV[3i] its fingerprint or ''
+-- ARGV[3i+1]  its holder block (record version 2) or '' (version 1)
 local lease = ARGV[1]
 local now
 local function clock()
@@ -20,19 +21,21 @@ local function clock()
 end
 local out = {}
 for i, key in ipairs(KEYS) do
-  local owner = ARGV[2 * i]
-  local fingerprint_arg = ARGV[2 * i + 1]
+  local owner = ARGV[3 * i - 1]
+  local fingerprint_arg = ARGV[3 * i]
+  local holder = ARGV[3 * i + 1]
   local v = redis.call('GET', key)
   local previous
   local reply
   if v then
-    local head = string.sub(v, 1, 5)
-    if (head == 'IDK\1\2' or head == 'IDK\1\1') and #v >= 46 then
+    local head = string.sub(v, 1, 3) .. string.sub(v, 5, 5)
+    local version = string.byte(v, 4)
+    if (head == 'IDK\2' or head == 'IDK\1') and (version == 1 or version == 2) and #v >= 46 then
       local fingerprint = ''
       if string.byte(v, 6) % 2 == 1 then fingerprint = string.sub(v, 47, 62) end
       if fingerprint ~= fingerprint_arg then
         reply = 0
-      elseif head == 'IDK\1\2' then
+      elseif head == 'IDK\2' then
         reply = v
       elseif string.sub(v, 7, 22) == string.sub(owner, 2) then
         -- Ours already (a batch sent again): renewed, as begin.lua does.
@@ -41,7 +44,7 @@ for i, key in ipairs(KEYS) do
       else
         reply = {v, redis.call('PTTL', key), clock()}
       end
-    elseif head ~= 'IDK\1\3' or #v ~= 13 then
+    elseif head ~= 'IDK\3' or version ~= 1 or #v ~= 13 then
       reply = v
     else
       previous = struct.unpack('>I8', v, 6)
@@ -52,9 +55,11 @@ for i, key in ipairs(KEYS) do
     if previous and fencing <= previous then
       fencing = previous + 1
     end
+    local version = 'IDK\1\1'
+    if holder ~= '' then version = 'IDK\2\1' end
     redis.call('PSETEX', key, lease,
-      'IDK\1\1' .. owner .. struct.pack('>I8', fencing) .. '\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0'
-        .. fingerprint_arg)
+      version .. owner .. struct.pack('>I8', fencing) .. '\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0'
+        .. fingerprint_arg .. holder)
     reply = fencing
   end
   out[i] = reply

@@ -14,22 +14,23 @@ if not v or string.sub(v, 7, 30) ~= ARGV[1] then
   return 0
 end
 local head = string.sub(v, 1, 5)
-if head == 'IDK\1\1' then
+-- Version 1 or 2 (a holder block), kept as it is.
+if head == 'IDK\1\1' or head == 'IDK\2\1' then
   -- State 2; flags, owner, fencing, created and expiry (0), fingerprint kept from the
   -- reservation; then the outcome.
   local flags = string.byte(v, 6)
   if flags < 2 then
-    redis.call('PSETEX', key, ARGV[2], 'IDK\1\2' .. string.sub(v, 6) .. ARGV[3])
+    redis.call('PSETEX', key, ARGV[2], string.sub(v, 1, 4) .. '\2' .. string.sub(v, 6) .. ARGV[3])
   else
     -- A waiter asked to be woken (most completions have nobody waiting, and a publication
     -- is a sizeable part of this script's cost): drop the "watched" flag and publish.
     redis.call('PSETEX', key, ARGV[2],
-      'IDK\1\2' .. string.char(flags - 2) .. string.sub(v, 7) .. ARGV[3])
+      string.sub(v, 1, 4) .. '\2' .. string.char(flags - 2) .. string.sub(v, 7) .. ARGV[3])
     redis.call('PUBLISH', key .. ':wake', '')
   end
   return 1
 end
-if head == 'IDK\1\2' then
+if head == 'IDK\1\2' or head == 'IDK\2\2' then
   -- Completed by this very lease already: a retried completion is a no-op.
   return 1
 end

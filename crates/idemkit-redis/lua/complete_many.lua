@@ -14,17 +14,18 @@ for i, key in ipairs(KEYS) do
   local reply = 0
   if v and string.sub(v, 7, 30) == lease then
     local head = string.sub(v, 1, 5)
-    if head == 'IDK\1\1' then
+    -- Version 1 or 2 (a holder block), kept as it is.
+    if head == 'IDK\1\1' or head == 'IDK\2\1' then
       local flags = string.byte(v, 6)
       if flags < 2 then
-        redis.call('PSETEX', key, ARGV[3 * i - 1], 'IDK\1\2' .. string.sub(v, 6) .. ARGV[3 * i])
+        redis.call('PSETEX', key, ARGV[3 * i - 1], string.sub(v, 1, 4) .. '\2' .. string.sub(v, 6) .. ARGV[3 * i])
       else
         redis.call('PSETEX', key, ARGV[3 * i - 1],
-          'IDK\1\2' .. string.char(flags - 2) .. string.sub(v, 7) .. ARGV[3 * i])
+          string.sub(v, 1, 4) .. '\2' .. string.char(flags - 2) .. string.sub(v, 7) .. ARGV[3 * i])
         redis.call('PUBLISH', key .. ':wake', '')
       end
       reply = 1
-    elseif head == 'IDK\1\2' then
+    elseif head == 'IDK\1\2' or head == 'IDK\2\2' then
       reply = 1
     end
   end

@@ -5,7 +5,8 @@
 -- The wake-up channel is the key followed by ':wake'; on a Cluster the client loads this
 -- script with SPUBLISH in place of PUBLISH.
 local v = redis.call('GET', KEYS[1])
-if not v or string.sub(v, 1, 5) ~= 'IDK\1\1' or string.sub(v, 7, 30) ~= ARGV[1] then
+local head = v and string.sub(v, 1, 5)
+if not v or (head ~= 'IDK\1\1' and head ~= 'IDK\2\1') or string.sub(v, 7, 30) ~= ARGV[1] then
   return 0
 end
 -- Not a plain DEL: a one-second tombstone "IDK" 1 3 fencing keeps the fencing token, so a

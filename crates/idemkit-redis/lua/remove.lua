@@ -4,7 +4,8 @@
 -- KEYS[1] record key  ARGV[1] fencing token (8 bytes, big-endian)
 -- Returns 1, or 0 when the key holds no record of ours with that fencing token.
 local v = redis.call('GET', KEYS[1])
-if not v or string.sub(v, 1, 4) ~= 'IDK\1' or string.sub(v, 23, 30) ~= ARGV[1] then
+local head = v and string.sub(v, 1, 4)
+if not v or (head ~= 'IDK\1' and head ~= 'IDK\2') or string.sub(v, 23, 30) ~= ARGV[1] then
   return 0
 end
 local state = string.byte(v, 5)

@@ -10,11 +10,11 @@ if not v or string.sub(v, 7, 30) ~= ARGV[1] then
   return 0
 end
 local head = string.sub(v, 1, 5)
-if head == 'IDK\1\1' then
+if head == 'IDK\1\1' or head == 'IDK\2\1' then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end
-if head == 'IDK\1\2' then
+if head == 'IDK\1\2' or head == 'IDK\2\2' then
   return 1
 end
 return 0

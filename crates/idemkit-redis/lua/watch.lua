@@ -6,7 +6,8 @@
 -- Returns the reservation's remaining lease in ms, or -2 when it is no longer the live
 -- state (completed, released, expired, taken over): then the waiter returns at once.
 local v = redis.call('GET', KEYS[1])
-if not v or string.sub(v, 1, 5) ~= 'IDK\1\1' or string.sub(v, 23, 30) ~= ARGV[1] then
+local head = v and string.sub(v, 1, 5)
+if not v or (head ~= 'IDK\1\1' and head ~= 'IDK\2\1') or string.sub(v, 23, 30) ~= ARGV[1] then
   return -2
 end
 local flags = string.byte(v, 6)

@@ -41,6 +41,8 @@ pub(crate) struct BeginJob {
     pub(crate) owner: [u8; 17],
     pub(crate) fingerprint: Option<[u8; 16]>,
     pub(crate) lease_ms: u64,
+    /// The reserving process (`Record::holder`), if the caller said.
+    pub(crate) holder: Option<idemkit_core::record::SharedHolder>,
     pub(crate) reply: oneshot::Sender<Result<Value, StoreError>>,
 }
 
@@ -282,7 +284,8 @@ async fn send_begins(store: &RedisStore, lane: usize, mut jobs: Vec<BeginJob>) {
         cmd.arg(lease);
         for j in &same {
             cmd.arg(&j.owner[..])
-                .arg(j.fingerprint.as_ref().map_or(&[][..], |f| &f[..]));
+                .arg(j.fingerprint.as_ref().map_or(&[][..], |f| &f[..]))
+                .arg(scripts::HolderArg(j.holder.as_deref(), lease));
         }
         let reply = query_loading(
             &mut store.shared.lanes[lane].conn.clone(),

@@ -328,6 +328,7 @@ impl RedisStore {
                     owner,
                     fingerprint,
                     lease_ms: ms(req.lease),
+                    holder: req.holder.cloned(),
                     reply,
                 }
             });
@@ -359,7 +360,8 @@ impl RedisStore {
                         fingerprint: fingerprint.is_some(),
                     })
                     .arg(ms(req.lease))
-                    .arg(fingerprint.as_ref().map_or(&[][..], |f| &f[..]));
+                    .arg(fingerprint.as_ref().map_or(&[][..], |f| &f[..]))
+                    .arg(scripts::HolderArg(req.holder.map(|h| &**h), ms(req.lease)));
                 },
                 |reply| matches!(reply, Value::Int(n) if *n > 0),
             )
@@ -564,7 +566,8 @@ impl Store for RedisStore {
                         owner: reqs[i].owner.as_u128(),
                         fingerprint: fingerprint.is_some(),
                     })
-                    .arg(fingerprint.as_ref().map_or(&[][..], |f| &f[..]));
+                    .arg(fingerprint.as_ref().map_or(&[][..], |f| &f[..]))
+                    .arg(scripts::HolderArg(reqs[i].holder.map(|h| &**h), ms(lease)));
                 }
                 query_loading(&mut conn, &cmd, &scripts::BEGIN_MANY).await
             }

@@ -2,6 +2,7 @@
 
 use std::sync::LazyLock;
 
+use idemkit_core::record::Holder;
 use idemkit_core::{CompleteRequest, Ownership};
 use redis::{RedisWrite, Script, ToRedisArgs};
 
@@ -67,6 +68,27 @@ impl ToRedisArgs for OwnerWithFlags {
     }
 }
 
+/// `begin.lua`'s holder argument: the record's version-2 holder block (the reserving
+/// process and the lease), written straight into the command; empty without a holder
+/// (version 1).
+pub(crate) struct HolderArg<'a>(pub(crate) Option<&'a Holder>, pub(crate) u64);
+
+impl ToRedisArgs for HolderArg<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        use std::io::Write as _;
+        let mut w = out.writer_for_next_arg();
+        if let Some(h) = self.0 {
+            // Writing into the command's own buffer cannot fail; texts are under 256 bytes.
+            let _ = w.write_all(&self.1.to_be_bytes());
+            let _ = w.write_all(&h.pid.to_be_bytes());
+            for text in [&h.host, &h.name] {
+                let _ = w.write_all(&[text.len() as u8]);
+                let _ = w.write_all(text.as_bytes());
+            }
+        }
+    }
+}
+
 /// The owner-checked scripts' first argument: owner token and fencing token, exactly the
 /// record's bytes 7-30, so one comparison checks both.
 pub(crate) struct LeaseArg<'a>(pub(crate) &'a Ownership);
@@ -102,7 +124,7 @@ impl ToRedisArgs for RecordTail<'_> {
 /// Clears the Redis-only "watched" flag of a reservation (see `lua/begin.lua`) so that the
 /// bytes are exactly idemkit's record format.
 pub(crate) fn clear_watched(bytes: &mut [u8]) {
-    if bytes.len() > 5 && bytes.starts_with(b"IDK\x01\x01") {
+    if bytes.len() > 5 && (bytes.starts_with(b"IDK\x01\x01") || bytes.starts_with(b"IDK\x02\x01")) {
         bytes[5] &= 1;
     }
 }

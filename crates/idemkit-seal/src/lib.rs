@@ -347,8 +347,9 @@ impl<S: Store> Store for Sealed<S> {
 
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Claim, StoreError> {
         let stored = self.stored_key(req.key);
-        let inner =
-            BeginRequest::new(&stored, req.owner, req.lease).with_fingerprint(req.fingerprint);
+        let inner = BeginRequest::new(&stored, req.owner, req.lease)
+            .with_fingerprint(req.fingerprint)
+            .with_holder(req.holder);
         let claim = self.inner.begin(&inner).await?;
         self.open_claim(req.key, claim)
     }
@@ -358,7 +359,11 @@ impl<S: Store> Store for Sealed<S> {
         let inner: Vec<BeginRequest<'_>> = reqs
             .iter()
             .zip(&stored)
-            .map(|(r, k)| BeginRequest::new(k, r.owner, r.lease).with_fingerprint(r.fingerprint))
+            .map(|(r, k)| {
+                BeginRequest::new(k, r.owner, r.lease)
+                    .with_fingerprint(r.fingerprint)
+                    .with_holder(r.holder)
+            })
             .collect();
         let claims = self.inner.begin_many(&inner).await;
         claims

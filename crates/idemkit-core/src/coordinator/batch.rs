@@ -146,6 +146,7 @@ impl<S: Store> Coordinator<S> {
             .map(|k| StorageKey::new(operation, None, k))
             .collect();
         let owners: Vec<OwnerToken> = keys.iter().map(|_| OwnerToken::random()).collect();
+        let holder = self.holder();
         // The first copy of each key goes to the store; later copies get no claim.
         let mut first = Vec::with_capacity(keys.len());
         let mut seen = std::collections::HashSet::with_capacity(keys.len());
@@ -156,7 +157,7 @@ impl<S: Store> Coordinator<S> {
         }
         let reqs: Vec<BeginRequest<'_>> = first
             .iter()
-            .map(|&i| BeginRequest::new(&storage[i], owners[i], lease))
+            .map(|&i| BeginRequest::new(&storage[i], owners[i], lease).with_holder(holder))
             .collect();
         let sent_at = now();
         let mut claims = store.begin_many(&reqs).await.into_iter();

@@ -101,7 +101,9 @@ impl<S: Store, C, P, K, B> Call<'_, S, C, P, K, B> {
             None => (OwnerToken::random(), None),
             Some(p) => self.take_prepared(p, &key, policy),
         };
-        let req = BeginRequest::new(&key, owner, policy.lease).with_fingerprint(self.fingerprint);
+        let req = BeginRequest::new(&key, owner, policy.lease)
+            .with_fingerprint(self.fingerprint)
+            .with_holder(self.coordinator.holder());
         let mut wait_deadline = None;
 
         loop {

@@ -45,7 +45,7 @@ use crate::codec::JsonCodec;
 use crate::downstream::{DownstreamKey, DownstreamSecret};
 use crate::ident::{Key, Operation, Scope, StorageKey};
 use crate::policy::Policy;
-use crate::record::RecordState;
+use crate::record::{Holder, RecordState, SharedHolder};
 use crate::store::{Store, StoreError};
 
 /// Runs actions at most once per key, replaying the stored result to every later caller.
@@ -83,6 +83,8 @@ struct Shared<S> {
     downstream_secret: Option<DownstreamSecret>,
     /// Per-operation overrides, fixed at build time so a call's lookup takes no lock.
     overrides: HashMap<Operation, Policy>,
+    /// This process, recorded in every reservation it makes (`Record::holder`).
+    holder: Option<SharedHolder>,
 }
 
 impl<S> Clone for Coordinator<S> {
@@ -124,6 +126,7 @@ pub struct CoordinatorBuilder<S> {
     policy: Policy,
     overrides: HashMap<Operation, Policy>,
     downstream_secret: Option<DownstreamSecret>,
+    holder: Option<SharedHolder>,
 }
 
 impl<S: Store> CoordinatorBuilder<S> {
@@ -193,9 +196,51 @@ impl<S: Store> CoordinatorBuilder<S> {
                 policy: self.policy,
                 downstream_secret: self.downstream_secret,
                 overrides: self.overrides,
+                holder: self.holder,
             }),
         }
     }
+
+    /// Names this process in the reservations it makes: each records its holder (host,
+    /// process id, this name; by default the executable's file name) and its lease, so that
+    /// `idemkit list`, `inspect` and the status page show whose a reservation is and flag
+    /// one its holder stopped renewing (`Record::is_stale`).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use idemkit_core::{Coordinator, MemoryStore};
+    /// let c = Coordinator::builder(MemoryStore::new()).holder_name("billing-worker").build();
+    /// assert_eq!(c.holder().map(|h| h.name.as_str()), Some("billing-worker"));
+    /// ```
+    pub fn holder_name(mut self, name: &str) -> Self {
+        self.holder = Some(Arc::new(Holder::this_process().named(name)));
+        self
+    }
+
+    /// Records no holder: reservations are written in record format version 1, which
+    /// idemkit before 0.2 reads. For a rolling upgrade: until every process that reads the
+    /// store runs 0.2, its writers use this (an older reader refuses a version-2 record as
+    /// corrupt).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use idemkit_core::{Coordinator, MemoryStore};
+    /// let c = Coordinator::builder(MemoryStore::new()).without_holder().build();
+    /// assert!(c.holder().is_none());
+    /// ```
+    pub fn without_holder(mut self) -> Self {
+        self.holder = None;
+        self
+    }
+}
+
+/// This process as a holder, read once.
+fn this_process() -> SharedHolder {
+    static THIS: std::sync::OnceLock<SharedHolder> = std::sync::OnceLock::new();
+    THIS.get_or_init(|| Arc::new(Holder::this_process()))
+        .clone()
 }
 
 impl<S: Store> Coordinator<S> {
@@ -226,7 +271,22 @@ impl<S: Store> Coordinator<S> {
             policy: Policy::default(),
             overrides: HashMap::new(),
             downstream_secret: None,
+            holder: Some(this_process()),
         }
+    }
+
+    /// The process this coordinator records in its reservations (see
+    /// [`CoordinatorBuilder::holder_name`]).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use idemkit_core::{Coordinator, MemoryStore};
+    /// let c = Coordinator::new(MemoryStore::new());
+    /// assert_eq!(c.holder().map(|h| h.pid), Some(std::process::id()));
+    /// ```
+    pub fn holder(&self) -> Option<&SharedHolder> {
+        self.inner.holder.as_ref()
     }
 
     /// The [downstream key](crate::downstream) of an effect, as its attempts get it from

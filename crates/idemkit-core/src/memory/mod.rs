@@ -14,7 +14,7 @@ use crate::clock::Clock;
 use crate::clock::after;
 use crate::fingerprint::Fingerprint;
 use crate::ident::StorageKey;
-use crate::record::{FencingToken, OwnerToken, Record, RecordState, StoredResult};
+use crate::record::{FencingToken, OwnerToken, Record, RecordState, SharedHolder, StoredResult};
 use crate::store::{BeginRequest, Claim, CompleteRequest, Ownership, Replay, Store, StoreError};
 
 #[cfg(all(test, idemkit_loom))]
@@ -99,6 +99,8 @@ struct Slot {
     owner: OwnerToken,
     fencing: FencingToken,
     fingerprint: Option<Fingerprint>,
+    /// The reserving process and its lease, if the reserving call said (`Record::holder`).
+    holder: Option<(SharedHolder, u64)>,
     created: Instant,
     /// End of the lease (reserved) or of the retention (completed), on the store's clock.
     expires: Instant,
@@ -135,6 +137,8 @@ impl Slot {
             fingerprint: self.fingerprint,
             created_at_ms: clock.unix_ms(self.created),
             expires_at_ms: clock.unix_ms(self.expires),
+            holder: self.holder.as_ref().map(|(h, _)| h.clone()),
+            lease_ms: self.holder.as_ref().map(|(_, lease)| *lease),
         }
     }
 
@@ -247,6 +251,12 @@ impl MemoryStore {
             owner: req.owner,
             fencing: self.next_fencing(),
             fingerprint: req.fingerprint,
+            holder: req.holder.map(|h| {
+                (
+                    h.clone(),
+                    req.lease.as_millis().try_into().unwrap_or(u64::MAX),
+                )
+            }),
             created: now,
             expires: after(now, req.lease),
             waiters: None,

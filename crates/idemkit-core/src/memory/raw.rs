@@ -36,6 +36,7 @@ impl RawStore for MemoryStore {
                     owner: r.owner,
                     fencing: r.fencing,
                     fingerprint: r.fingerprint,
+                    holder: r.holder.map(|h| (h, r.lease_ms.unwrap_or(0))),
                     created: now,
                     expires,
                     waiters: None,

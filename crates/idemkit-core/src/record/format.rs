@@ -2,11 +2,17 @@
 
 use bytes::Bytes;
 
-use super::{FencingToken, OwnerToken, Record, RecordError, RecordState, ResultKind, StoredResult};
+use std::sync::Arc;
+
+use super::{
+    FencingToken, Holder, OwnerToken, Record, RecordError, RecordState, ResultKind, StoredResult,
+};
 use crate::fingerprint::Fingerprint;
 
 pub(super) const MAGIC: &[u8; 3] = b"IDK";
 pub(super) const VERSION: u8 = 1;
+/// Version 2: version 1 with a holder block after the fingerprint.
+pub(super) const VERSION_HOLDER: u8 = 2;
 pub(super) const STATE_RESERVED: u8 = 1;
 pub(super) const STATE_COMPLETED: u8 = 2;
 pub(super) const FLAG_FINGERPRINT: u8 = 1;
@@ -16,14 +22,19 @@ pub(super) const HEADER: usize = 3 + 1 + 1 + 1 + 16 + 8 + 8 + 8;
 impl Record {
     /// Encodes version 1 of the format:
     /// `"IDK" 01 state flags owner:u128 fencing:u64 created:u64 expires:u64 [fingerprint:16]
-    /// [kind:u8 len:u32 bytes]`, integers big-endian.
+    /// [kind:u8 len:u32 bytes]`, integers big-endian; or, for a record with a
+    /// [`holder`](Record::holder), version 2, the same with the holder block after the
+    /// fingerprint: `lease_ms:u64 pid:u32 host_len:u8 host name_len:u8 name`. A reader of
+    /// version 1 only (idemkit before 0.2) refuses version 2 as `UnsupportedVersion`, never
+    /// misreads it.
     ///
     /// # Example
     ///
     /// ```
     /// # use idemkit_core::{FencingToken, OwnerToken, Record, RecordState};
     /// let r = Record { state: RecordState::Reserved, owner: OwnerToken::from_u128(1),
-    ///     fencing: FencingToken::new(1), fingerprint: None, created_at_ms: 0, expires_at_ms: 0 };
+    ///     fencing: FencingToken::new(1), fingerprint: None, created_at_ms: 0, expires_at_ms: 0,
+    ///     holder: None, lease_ms: None };
     /// assert_eq!(&r.encode()[..4], b"IDK\x01");
     /// ```
     pub fn encode(&self) -> Vec<u8> {
@@ -31,9 +42,13 @@ impl Record {
             RecordState::Reserved => 0,
             RecordState::Completed(o) => 5 + o.bytes.len(),
         };
-        let mut out = Vec::with_capacity(HEADER + 16 + outcome_len);
+        let mut out = Vec::with_capacity(HEADER + 16 + 80 + outcome_len);
         out.extend_from_slice(MAGIC);
-        out.push(VERSION);
+        out.push(if self.holder.is_some() {
+            VERSION_HOLDER
+        } else {
+            VERSION
+        });
         out.push(match self.state {
             RecordState::Reserved => STATE_RESERVED,
             RecordState::Completed(_) => STATE_COMPLETED,
@@ -49,6 +64,10 @@ impl Record {
         out.extend_from_slice(&self.expires_at_ms.to_be_bytes());
         if let Some(fp) = self.fingerprint {
             out.extend_from_slice(&fp.to_bytes());
+        }
+        if let Some(holder) = &self.holder {
+            out.extend_from_slice(&self.lease_ms.unwrap_or(0).to_be_bytes());
+            holder.encode_into(&mut out);
         }
         if let RecordState::Completed(o) = &self.state {
             out.push(o.kind.to_byte());
@@ -87,7 +106,7 @@ impl Record {
     /// # use idemkit_core::{FencingToken, ResultKind, OwnerToken, Record, RecordState, StoredResult};
     /// let r = Record { state: RecordState::Completed(StoredResult::new(ResultKind::Value, "1")),
     ///     owner: OwnerToken::from_u128(1), fencing: FencingToken::new(1), fingerprint: None,
-    ///     created_at_ms: 0, expires_at_ms: 0 };
+    ///     created_at_ms: 0, expires_at_ms: 0, holder: None, lease_ms: None };
     /// assert_eq!(Record::decode_shared(r.encode().into())?, r);
     /// # Ok::<(), idemkit_core::RecordError>(())
     /// ```
@@ -102,8 +121,9 @@ impl Record {
         if b.len() < HEADER {
             return Err(RecordError::TooShort(b.len()));
         }
-        if b[3] != VERSION {
-            return Err(RecordError::UnsupportedVersion(b[3]));
+        let version = b[3];
+        if version != VERSION && version != VERSION_HOLDER {
+            return Err(RecordError::UnsupportedVersion(version));
         }
         let state = b[4];
         let flags = b[5];
@@ -124,6 +144,13 @@ impl Record {
             Some(Fingerprint::from_bytes(fp.try_into().expect("16 bytes")))
         } else {
             None
+        };
+        let (holder, lease_ms) = if version == VERSION_HOLDER {
+            let (holder, lease, r) = Holder::from_block(rest)?;
+            rest = r;
+            (Some(Arc::new(holder)), Some(lease))
+        } else {
+            (None, None)
         };
         let state = match state {
             STATE_RESERVED => RecordState::Reserved,
@@ -148,6 +175,8 @@ impl Record {
             fingerprint,
             created_at_ms,
             expires_at_ms,
+            holder,
+            lease_ms,
         })
     }
 }

@@ -11,8 +11,11 @@ use bytes::Bytes;
 use crate::fingerprint::Fingerprint;
 
 mod format;
+mod holder;
 #[cfg(test)]
 mod tests;
+
+pub use holder::{Holder, SharedHolder};
 
 /// Identifies one reservation attempt. Only the holder of the token that reserved a key may
 /// renew, complete or release it.
@@ -274,6 +277,8 @@ pub enum RecordState {
 ///     fingerprint: None,
 ///     created_at_ms: 1_700_000_000_000,
 ///     expires_at_ms: 1_700_000_015_000,
+///     holder: None,
+///     lease_ms: None,
 /// };
 /// assert_eq!(Record::decode(&r.encode())?, r);
 /// # Ok::<(), idemkit_core::RecordError>(())
@@ -293,6 +298,53 @@ pub struct Record {
     /// When the lease (reserved) or the retention (completed) ends, Unix milliseconds by the
     /// store's clock.
     pub expires_at_ms: u64,
+    /// The process that reserved the key (format version 2), if the reserving call said.
+    pub holder: Option<SharedHolder>,
+    /// The lease the key was reserved with, in milliseconds (version 2, with `holder`):
+    /// each renewal extends the reservation to this long from the renewal.
+    pub lease_ms: Option<u64>,
+}
+
+impl Record {
+    /// When the reservation was last renewed (or reserved), Unix milliseconds by the
+    /// store's clock: its expiry less its lease. `None` without a recorded lease.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use idemkit_core::{FencingToken, OwnerToken, Record, RecordState};
+    /// let r = Record { state: RecordState::Reserved, owner: OwnerToken::from_u128(1),
+    ///     fencing: FencingToken::new(1), fingerprint: None, created_at_ms: 1_000,
+    ///     expires_at_ms: 31_000, holder: None, lease_ms: Some(15_000) };
+    /// assert_eq!(r.renewed_at_ms(), Some(16_000));
+    /// ```
+    pub fn renewed_at_ms(&self) -> Option<u64> {
+        Some(self.expires_at_ms.saturating_sub(self.lease_ms?))
+    }
+
+    /// Whether a reservation's owner has stopped renewing it: a live owner renews every
+    /// third of its lease, so a reservation not renewed for half a lease missed a renewal
+    /// (its process is gone, stopped or stuck), and one stopped is flagged within two
+    /// renewal intervals. `false` for a completed record or one without a recorded lease.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use idemkit_core::{FencingToken, OwnerToken, Record, RecordState};
+    /// let r = Record { state: RecordState::Reserved, owner: OwnerToken::from_u128(1),
+    ///     fencing: FencingToken::new(1), fingerprint: None, created_at_ms: 0,
+    ///     expires_at_ms: 30_000, holder: None, lease_ms: Some(30_000) };
+    /// assert!(!r.is_stale(10_000)); // renewed 10 s ago: a third of the lease
+    /// assert!(r.is_stale(15_001)); // over half a lease
+    /// ```
+    pub fn is_stale(&self, now_ms: u64) -> bool {
+        match (&self.state, self.renewed_at_ms(), self.lease_ms) {
+            (RecordState::Reserved, Some(renewed), Some(lease)) => {
+                now_ms.saturating_sub(renewed) > lease / 2
+            }
+            _ => false,
+        }
+    }
 }
 
 /// A byte string that is not a record of a format this version reads.

@@ -1,5 +1,7 @@
 //! Round trips and garbage through the record format.
 
+use std::sync::Arc;
+
 use super::*;
 use proptest::prelude::*;
 
@@ -12,8 +14,14 @@ fn record() -> impl Strategy<Value = Record> {
         any::<u64>(),
         any::<u64>(),
         0u8..3,
+        proptest::option::of((
+            "[a-z0-9.-]{0,64}",
+            any::<u32>(),
+            "[ -~]{0,64}",
+            any::<u64>(),
+        )),
     )
-        .prop_map(|(bytes, owner, fencing, fp, c, e, k)| Record {
+        .prop_map(|(bytes, owner, fencing, fp, c, e, k, holder)| Record {
             state: match bytes {
                 None => RecordState::Reserved,
                 Some(b) => RecordState::Completed(StoredResult::new(
@@ -30,6 +38,8 @@ fn record() -> impl Strategy<Value = Record> {
             fingerprint: fp.map(Fingerprint::from_bytes),
             created_at_ms: c,
             expires_at_ms: e,
+            lease_ms: holder.as_ref().map(|h| h.3),
+            holder: holder.map(|(host, pid, name, _)| Arc::new(Holder::new(&host, pid, &name))),
         })
 }
 
@@ -70,11 +80,59 @@ fn foreign_and_future_records_are_typed() {
         fingerprint: None,
         created_at_ms: 0,
         expires_at_ms: 0,
+        holder: None,
+        lease_ms: None,
     }
     .encode();
+    r[3] = 3;
+    assert_eq!(Record::decode(&r), Err(RecordError::UnsupportedVersion(3)));
+    // Version 2 without its holder block.
     r[3] = 2;
-    assert_eq!(Record::decode(&r), Err(RecordError::UnsupportedVersion(2)));
+    assert_eq!(Record::decode(&r), Err(RecordError::LengthMismatch));
     r[3] = 1;
     r[4] = 9;
     assert_eq!(Record::decode(&r), Err(RecordError::InvalidField("state")));
+}
+
+#[test]
+fn a_holder_makes_version_2_and_a_version_1_record_reads_as_before() {
+    let v1 = Record {
+        state: RecordState::Reserved,
+        owner: OwnerToken::from_u128(7),
+        fencing: FencingToken::new(9),
+        fingerprint: Some(Fingerprint::from_bytes([3; 16])),
+        created_at_ms: 1,
+        expires_at_ms: 2,
+        holder: None,
+        lease_ms: None,
+    };
+    let bytes = v1.encode();
+    assert_eq!(&bytes[..4], b"IDK\x01");
+    let v2 = Record {
+        holder: Some(Arc::new(Holder::new("web-1", 4242, "billing"))),
+        lease_ms: Some(30_000),
+        ..v1.clone()
+    };
+    let two = v2.encode();
+    assert_eq!(&two[..4], b"IDK\x02");
+    // The holder block follows the fingerprint: version 1's bytes, then the block.
+    assert_eq!(&two[4..bytes.len()], &bytes[4..]);
+    assert_eq!(
+        &two[bytes.len()..],
+        &Holder::new("web-1", 4242, "billing").block(30_000)[..]
+    );
+    assert_eq!(Record::decode(&two), Ok(v2));
+    assert_eq!(Record::decode(&bytes), Ok(v1));
+}
+
+#[test]
+fn a_holder_text_that_is_not_clean_is_refused() {
+    let mut block = Holder::new("h", 1, "n").block(5);
+    // The name's one byte becomes a control character.
+    let last = block.len() - 1;
+    block[last] = b'\n';
+    assert_eq!(
+        Holder::from_block(&block).map(|_| ()),
+        Err(RecordError::InvalidField("holder"))
+    );
 }

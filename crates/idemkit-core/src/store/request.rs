@@ -6,7 +6,7 @@ use bytes::Bytes;
 
 use crate::fingerprint::Fingerprint;
 use crate::ident::StorageKey;
-use crate::record::{FencingToken, OwnerToken, ResultKind, StoredResult};
+use crate::record::{FencingToken, OwnerToken, ResultKind, SharedHolder, StoredResult};
 
 /// What [`Store::begin`](super::Store::begin) asks for.
 ///
@@ -32,6 +32,9 @@ pub struct BeginRequest<'a> {
     pub lease: Duration,
     /// The request's fingerprint; compared exactly (absent counts as a value) with the stored one.
     pub fingerprint: Option<Fingerprint>,
+    /// The reserving process, recorded with the reservation (record format version 2) with
+    /// the lease, for operators (`Record::holder`, `Record::is_stale`).
+    pub holder: Option<&'a SharedHolder>,
 }
 
 impl<'a> BeginRequest<'a> {
@@ -53,7 +56,29 @@ impl<'a> BeginRequest<'a> {
             owner,
             lease,
             fingerprint: None,
+            holder: None,
         }
+    }
+
+    /// Sets the reserving process.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::Duration;
+    /// # use idemkit_core::{BeginRequest, Key, Operation, OwnerToken, StorageKey};
+    /// # use idemkit_core::record::Holder;
+    /// # let key = StorageKey::new(&Operation::new("op")?, None, &Key::new("k")?);
+    /// let me = Arc::new(Holder::this_process());
+    /// let req = BeginRequest::new(&key, OwnerToken::random(), Duration::from_secs(1))
+    ///     .with_holder(Some(&me));
+    /// assert_eq!(req.holder.map(|h| h.pid), Some(std::process::id()));
+    /// # Ok::<(), idemkit_core::KeyError>(())
+    /// ```
+    pub fn with_holder(mut self, holder: Option<&'a SharedHolder>) -> Self {
+        self.holder = holder;
+        self
     }
 
     /// Sets the fingerprint.

@@ -36,6 +36,11 @@ fn bytes(rng: &mut fastrand::Rng) -> Vec<u8> {
         fingerprint: None,
         created_at_ms: 0,
         expires_at_ms: 0,
+        // Version 2 (a holder block) as often as version 1.
+        holder: rng.bool().then(|| {
+            std::sync::Arc::new(idemkit_core::record::Holder::new("host-1", 42, "worker"))
+        }),
+        lease_ms: Some(30_000),
     }
     .encode();
     let mut b = match rng.u8(..4) {

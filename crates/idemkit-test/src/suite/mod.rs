@@ -266,6 +266,8 @@ where
         fingerprint: None,
         created_at_ms: 0,
         expires_at_ms: 0,
+        holder: None,
+        lease_ms: None,
     }
     .encode();
     let mut future_version = good.clone();
