@@ -20,6 +20,7 @@ type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 trait Erased: Send + Sync + 'static {
     fn max_ttl(&self) -> Duration;
     fn call_timeout(&self) -> Option<Duration>;
+    fn uses_reservation(&self) -> bool;
     fn begin<'a>(&'a self, req: &'a BeginRequest<'a>) -> BoxFuture<'a, Result<Claim, StoreError>>;
     fn begin_many<'a>(
         &'a self,
@@ -79,6 +80,9 @@ macro_rules! erase_store {
             }
             fn call_timeout(&self) -> Option<Duration> {
                 self.0.call_timeout()
+            }
+            fn uses_reservation(&self) -> bool {
+                self.0.uses_reservation()
             }
             fn begin<'a>(
                 &'a self,
@@ -228,6 +232,10 @@ impl Store for DynStore {
 
     fn call_timeout(&self) -> Option<Duration> {
         self.0.call_timeout()
+    }
+
+    fn uses_reservation(&self) -> bool {
+        self.0.uses_reservation()
     }
 
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Claim, StoreError> {

@@ -1,67 +1,62 @@
 -- begin_many: begin.lua for several keys of one slot, in one script call (batch
--- reservation). Each key is answered exactly as begin.lua answers it alone (see there for the
--- record format and the reply shapes); the replies come back as one array, in KEYS order.
--- Redis' clock is read once for the whole batch, and only if a key needs it (a reservation or
--- a live owner's age; a batch of replays reads none): every key's fencing token is then at
--- least that instant in microseconds, or one past its released token (the keys are distinct,
--- so one instant serves them all).
+-- reservation, and begins coalesced by the client). Each key is answered exactly as
+-- begin.lua answers it alone (see there for the record format, the arguments' bytes and the
+-- reply shapes); the replies come back as one array, in KEYS order. Redis' clock is read
+-- once for the whole batch: every key's fencing token is that instant in microseconds, or
+-- one past its released token (the keys are distinct, so one instant serves them all).
 --
 -- KEYS      the record keys (distinct, one slot)
--- ARGV[1]   lease ms
--- ARGV[3i-1]  key i's flags byte and owner token (17 bytes)  ARGV[3i] its fingerprint or ''
--- ARGV[3i+1]  its holder block (record version 2) or '' (version 1)
-local lease = ARGV[1]
-local now
-local function clock()
-  if not now then
-    local t = redis.call('TIME')
-    now = t[1] * 1000000 + t[2]
-  end
-  return now
-end
+-- ARGV[1]   lease ms (one for the batch)
+-- ARGV[2]   the reservations' bytes from 31 on when every key shares them (no fingerprint,
+--           one holder: the usual batch), then ARGV[2+i] key i's bytes 1-22;
+--           or '' and then ARGV[1+2i] key i's bytes 1-22, ARGV[2+2i] its bytes from 31 on
+-- Every argument costs Redis a string and a copy, so a shared tail is sent once.
+local lease, shared = ARGV[1], ARGV[2]
+local call, byte, sub, pack = redis.call, string.byte, string.sub, struct.pack
+local t = call('TIME')
+local now = t[1] * 1000000 + t[2]
+local packed = pack('>I8', now)
 local out = {}
-for i, key in ipairs(KEYS) do
-  local owner = ARGV[3 * i - 1]
-  local fingerprint_arg = ARGV[3 * i]
-  local holder = ARGV[3 * i + 1]
-  local v = redis.call('GET', key)
-  local previous
-  local reply
-  if v then
-    local head = string.sub(v, 1, 3) .. string.sub(v, 5, 5)
-    local version = string.byte(v, 4)
-    if (head == 'IDK\2' or head == 'IDK\1') and (version == 1 or version == 2) and #v >= 46 then
-      local fingerprint = ''
-      if string.byte(v, 6) % 2 == 1 then fingerprint = string.sub(v, 47, 62) end
-      if fingerprint ~= fingerprint_arg then
-        reply = 0
-      elseif head == 'IDK\2' then
-        reply = v
-      elseif string.sub(v, 7, 22) == string.sub(owner, 2) then
-        -- Ours already (a batch sent again): renewed, as begin.lua does.
-        redis.call('PEXPIRE', key, lease)
-        reply = struct.unpack('>I8', v, 23)
-      else
-        reply = {v, redis.call('PTTL', key), clock()}
+for i = 1, #KEYS do
+  local key, head, rest = KEYS[i]
+  if shared == '' then
+    head, rest = ARGV[1 + 2 * i], ARGV[2 + 2 * i]
+  else
+    head, rest = ARGV[2 + i], shared
+  end
+  local v = call('SET', key, head .. packed .. rest, 'NX', 'PX', lease, 'GET')
+  if not v then
+    out[i] = now
+  else
+    local reply = v
+    local a, b, c, version, state = byte(v, 1, 5)
+    if a == 73 and b == 68 and c == 75 then
+      if (version == 1 or version == 2) and #v >= 46 then
+        if state == 1 then
+          if sub(v, 7, 22) == sub(head, 7) then
+            -- Ours already (a batch sent again): renewed, as begin.lua does.
+            local fingerprint = ''
+            if byte(v, 6) % 2 == 1 then fingerprint = sub(v, 47, 62) end
+            local ours = ''
+            if byte(head, 6) % 2 == 1 then ours = sub(rest, 17, 32) end
+            if fingerprint ~= ours then
+              reply = 0
+            else
+              call('PEXPIRE', key, lease)
+              reply = struct.unpack('>I8', v, 23)
+            end
+          else
+            reply = {v, call('PTTL', key), now}
+          end
+        end
+      elseif version == 1 and state == 3 and #v == 13 then
+        local fencing = struct.unpack('>I8', v, 6)
+        if fencing < now then fencing = now else fencing = fencing + 1 end
+        call('PSETEX', key, lease, head .. pack('>I8', fencing) .. rest)
+        reply = fencing
       end
-    elseif head ~= 'IDK\3' or version ~= 1 or #v ~= 13 then
-      reply = v
-    else
-      previous = struct.unpack('>I8', v, 6)
     end
+    out[i] = reply
   end
-  if reply == nil then
-    local fencing = clock()
-    if previous and fencing <= previous then
-      fencing = previous + 1
-    end
-    local version = 'IDK\1\1'
-    if holder ~= '' then version = 'IDK\2\1' end
-    redis.call('PSETEX', key, lease,
-      version .. owner .. struct.pack('>I8', fencing) .. '\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0'
-        .. fingerprint_arg .. holder)
-    reply = fencing
-  end
-  out[i] = reply
 end
 return out

@@ -32,13 +32,21 @@ use crate::{RedisStore, query_loading};
 /// batch makes them take turns); the trade-off is measured in docs/benchmarks.md.
 const MAX_BATCH: usize = 16;
 
+/// The most script calls of one kind on one lane's wire at once (a lone call or a batch
+/// each). A call that finds the wire full waits in the queue for a reply to make room, so
+/// under load the queue fills and batches grow, where sending every queue at once made
+/// batches of four keys on average, each paying a script entry (docs/benchmarks.md: a
+/// script call costs Redis as much as five keys in it). Two, not one: the client reads one
+/// batch's reply while Redis runs the next.
+const MAX_IN_FLIGHT: usize = 2;
+
 /// A queued call's answer: the script's reply for its key.
 pub(crate) type Answer = oneshot::Receiver<Result<Value, StoreError>>;
 
 /// A queued `begin`.
 pub(crate) struct BeginJob {
     pub(crate) rkey: String,
-    pub(crate) owner: [u8; 17],
+    pub(crate) owner: u128,
     pub(crate) fingerprint: Option<[u8; 16]>,
     pub(crate) lease_ms: u64,
     /// The reserving process (`Record::holder`), if the caller said.
@@ -46,14 +54,39 @@ pub(crate) struct BeginJob {
     pub(crate) reply: oneshot::Sender<Result<Value, StoreError>>,
 }
 
+impl BeginJob {
+    fn parts(&self) -> scripts::Parts<'_> {
+        scripts::Parts {
+            owner: self.owner,
+            fingerprint: self.fingerprint.as_ref(),
+            holder: self.holder.as_deref().map(|h| (h, self.lease_ms)),
+        }
+    }
+}
+
 /// A queued `complete`.
 pub(crate) struct CompleteJob {
     pub(crate) rkey: String,
-    pub(crate) lease: [u8; 24],
+    pub(crate) owner: u128,
+    pub(crate) fencing: u64,
     pub(crate) ttl_ms: u64,
     pub(crate) kind: ResultKind,
     pub(crate) bytes: Bytes,
+    /// What the reservation was made with, as far as the caller said
+    /// (`CompleteRequest::reservation`): its fingerprint, holder and lease.
+    pub(crate) fingerprint: Option<[u8; 16]>,
+    pub(crate) holder: Option<(idemkit_core::record::SharedHolder, u64)>,
     pub(crate) reply: oneshot::Sender<Result<Value, StoreError>>,
+}
+
+impl CompleteJob {
+    fn parts(&self) -> scripts::Parts<'_> {
+        scripts::Parts {
+            owner: self.owner,
+            fingerprint: self.fingerprint.as_ref(),
+            holder: self.holder.as_ref().map(|(h, lease)| (&**h, *lease)),
+        }
+    }
 }
 
 /// The queue of one kind of call, and how many calls of that kind are on the wire.
@@ -102,7 +135,9 @@ impl<J> Coalescer<J> {
         state.in_flight == 0 && state.queue.is_empty() && !state.flushing
     }
 
-    /// Lead when nothing of this kind is on the wire or queued; otherwise queue `job()`.
+    /// Lead when nothing of this kind is on the wire or queued; otherwise queue `job()`, and
+    /// schedule a flush unless one is scheduled or the wire is full (then the next reply
+    /// schedules it, [`done`](Coalescer::done)).
     pub(crate) fn enter(&self, job: impl FnOnce() -> J) -> Entered {
         let mut state = self.lock();
         if state.in_flight == 0 && state.queue.is_empty() {
@@ -110,21 +145,22 @@ impl<J> Coalescer<J> {
             return Entered::Lead;
         }
         state.queue.push(job());
-        let spawn_flush = !state.flushing;
-        state.flushing = true;
+        let spawn_flush = !state.flushing && state.in_flight < MAX_IN_FLIGHT;
+        state.flushing |= spawn_flush;
         Entered::Queued { spawn_flush }
     }
 
-    /// Everything queued, in batches, each counted on the wire; the flush is over.
+    /// What is queued, in batches, as many as the wire has room for (each counted on it);
+    /// the flush is over. What is left waits for a reply to make room.
     pub(crate) fn take_all(&self) -> Vec<Vec<J>> {
         let mut state = self.lock();
         state.flushing = false;
         let mut batches = Vec::new();
-        while !state.queue.is_empty() {
+        while !state.queue.is_empty() && state.in_flight < MAX_IN_FLIGHT {
             let n = state.queue.len().min(MAX_BATCH);
             batches.push(state.queue.drain(..n).collect());
+            state.in_flight += 1;
         }
-        state.in_flight += batches.len();
         batches
     }
 
@@ -135,10 +171,14 @@ impl<J> Coalescer<J> {
         state.queue.clear();
     }
 
-    /// A call of this kind answered (or was dropped).
-    pub(crate) fn done(&self) {
+    /// A call of this kind answered (or was dropped). `true`: calls are queued and no flush
+    /// is scheduled, so the caller must spawn one (this reply made room on the wire).
+    pub(crate) fn done(&self) -> bool {
         let mut state = self.lock();
         state.in_flight = state.in_flight.saturating_sub(1);
+        let flush = !state.queue.is_empty() && !state.flushing;
+        state.flushing |= flush;
+        flush
     }
 }
 
@@ -151,10 +191,13 @@ pub(crate) enum Kind {
 
 impl Kind {
     fn done(self, store: &RedisStore, lane: usize) {
-        let lane = &store.shared.lanes[lane];
-        match self {
-            Kind::Begin => lane.begins.done(),
-            Kind::Complete => lane.completes.done(),
+        let queue = &store.shared.lanes[lane];
+        let flush = match self {
+            Kind::Begin => queue.begins.done(),
+            Kind::Complete => queue.completes.done(),
+        };
+        if flush {
+            spawn_flush(store, self, lane);
         }
     }
 }
@@ -203,7 +246,12 @@ pub(crate) fn spawn_flush(store: &RedisStore, kind: Kind, lane: usize) {
         lane,
         armed: true,
     };
-    tokio::spawn(async move {
+    // A reply's `done` can run where no runtime is (a call's future dropped after its
+    // runtime): then nobody can send the queue, and its callers get an error (`Unsent`).
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
         // Let the tasks that are ready queue their calls first: without this yield a
         // multi-thread runtime runs the new task at once (its LIFO slot), and batches hold one
         // or two keys (docs/benchmarks.md: more Redis instructions per miss than no coalescing
@@ -274,19 +322,16 @@ async fn send_begins(store: &RedisStore, lane: usize, mut jobs: Vec<BeginJob>) {
         let lease = jobs[0].lease_ms;
         let (same, rest): (Vec<_>, Vec<_>) = jobs.into_iter().partition(|j| j.lease_ms == lease);
         jobs = rest;
-        let mut cmd = Cmd::with_capacity(3 + 3 * same.len(), 64 * same.len());
+        let mut cmd = Cmd::with_capacity(4 + 2 * same.len(), 96 * same.len());
         cmd.arg("EVALSHA")
             .arg(scripts::BEGIN_MANY.script.get_hash())
             .arg(same.len());
         for j in &same {
             cmd.arg(&j.rkey);
         }
-        cmd.arg(lease);
-        for j in &same {
-            cmd.arg(&j.owner[..])
-                .arg(j.fingerprint.as_ref().map_or(&[][..], |f| &f[..]))
-                .arg(scripts::HolderArg(j.holder.as_deref(), lease));
-        }
+        let parts: Vec<scripts::Parts<'_>> = same.iter().map(BeginJob::parts).collect();
+        scripts::begin_many_args(&mut cmd, lease, &parts);
+        drop(parts);
         let reply = query_loading(
             &mut store.shared.lanes[lane].conn.clone(),
             &cmd,
@@ -297,29 +342,34 @@ async fn send_begins(store: &RedisStore, lane: usize, mut jobs: Vec<BeginJob>) {
     }
 }
 
-async fn send_completes(store: &RedisStore, lane: usize, jobs: Vec<CompleteJob>) {
-    let mut cmd = Cmd::with_capacity(3 + 4 * jobs.len(), 96 * jobs.len());
-    cmd.arg("EVALSHA")
-        .arg(scripts::COMPLETE_MANY.script.get_hash())
-        .arg(jobs.len());
-    for j in &jobs {
-        cmd.arg(&j.rkey);
+async fn send_completes(store: &RedisStore, lane: usize, mut jobs: Vec<CompleteJob>) {
+    // `complete_many.lua` takes one ttl per call: one call per ttl (usually one).
+    while !jobs.is_empty() {
+        let ttl = jobs[0].ttl_ms;
+        let (same, rest): (Vec<_>, Vec<_>) = jobs.into_iter().partition(|j| j.ttl_ms == ttl);
+        jobs = rest;
+        let size: usize = same.iter().map(|j| 2 * j.rkey.len() + j.bytes.len()).sum();
+        let mut cmd = Cmd::with_capacity(4 + 3 * same.len(), size + 192 * same.len());
+        cmd.arg("EVALSHA")
+            .arg(scripts::COMPLETE_MANY.script.get_hash())
+            .arg(same.len());
+        for j in &same {
+            cmd.arg(&j.rkey);
+        }
+        scripts::complete_many_args(
+            &mut cmd,
+            ttl,
+            same.iter()
+                .map(|j| (j.parts(), j.fencing, j.kind, &j.bytes[..])),
+        );
+        let reply = query_loading(
+            &mut store.shared.lanes[lane].conn.clone(),
+            &cmd,
+            &scripts::COMPLETE_MANY,
+        )
+        .await;
+        answer(same, reply, |j| j.reply);
     }
-    for j in &jobs {
-        let len = u32::try_from(j.bytes.len()).unwrap_or(u32::MAX);
-        let mut tail = Vec::with_capacity(5 + j.bytes.len());
-        tail.push(j.kind.to_byte());
-        tail.extend_from_slice(&len.to_be_bytes());
-        tail.extend_from_slice(&j.bytes);
-        cmd.arg(&j.lease[..]).arg(j.ttl_ms).arg(tail);
-    }
-    let reply = query_loading(
-        &mut store.shared.lanes[lane].conn.clone(),
-        &cmd,
-        &scripts::COMPLETE_MANY,
-    )
-    .await;
-    answer(jobs, reply, |j| j.reply);
 }
 
 /// A queued call's reply, or `Unavailable` if its batch was lost (the flush task died).

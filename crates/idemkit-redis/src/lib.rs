@@ -75,10 +75,10 @@ pub use builder::{EvictionCheck, RedisStoreBuilder};
 use coalesce::{BeginJob, CompleteJob, Entered, Kind, Lead};
 use conn::Conn;
 use durable::Durable;
-use errors::{decode, int, map_err, owner_checked, unexpected};
+use errors::{int, map_err, owner_checked, unexpected};
 use keys::{channel, key_for, ms};
 use lanes::Lane;
-use scripts::{LeaseArg, OwnerWithFlags, RecordTail, clear_watched};
+use scripts::{Done, Head, LeaseArg, Mine, Parts, Rest, clear_watched};
 use wake::Waiters;
 
 /// The bounds a store enforces itself: one call (see `Store::call_timeout`), one response.
@@ -319,13 +319,10 @@ impl RedisStore {
             let lead = self.shared.lanes[lane].begins.enter(|| {
                 let (reply, answer) = tokio::sync::oneshot::channel();
                 queued = Some(answer);
-                let mut owner = [0u8; 17];
-                owner[0] = u8::from(fingerprint.is_some());
-                owner[1..].copy_from_slice(&req.owner.as_u128().to_be_bytes());
                 BeginJob {
                     // Queued, this call needs the key no more: moved, not copied.
                     rkey: std::mem::take(&mut rkey),
-                    owner,
+                    owner: req.owner.as_u128(),
                     fingerprint,
                     lease_ms: ms(req.lease),
                     holder: req.holder.cloned(),
@@ -355,13 +352,12 @@ impl RedisStore {
                 &scripts::BEGIN,
                 &rkey,
                 |cmd| {
-                    cmd.arg(OwnerWithFlags {
+                    let parts = Parts {
                         owner: req.owner.as_u128(),
-                        fingerprint: fingerprint.is_some(),
-                    })
-                    .arg(ms(req.lease))
-                    .arg(fingerprint.as_ref().map_or(&[][..], |f| &f[..]))
-                    .arg(scripts::HolderArg(req.holder.map(|h| &**h), ms(req.lease)));
+                        fingerprint: fingerprint.as_ref(),
+                        holder: req.holder.map(|h| (&**h, ms(req.lease))),
+                    };
+                    cmd.arg(Head(&parts)).arg(ms(req.lease)).arg(Rest(&parts));
                 },
                 |reply| matches!(reply, Value::Int(n) if *n > 0),
             )
@@ -415,28 +411,38 @@ fn claim_of(req: &BeginRequest<'_>, reply: Value) -> Result<Claim, StoreError> {
                 took_over: false,
             })
         }
-        // A completed record to replay (its result shares the reply's buffer), or
-        // foreign bytes (decoding reports them).
+        // A completed record to replay (its result shares the reply's buffer) if it was
+        // made for the same fingerprint, or foreign bytes (decoding reports them).
         Value::BulkString(bytes) => {
-            let record = Record::decode_shared(bytes.into()).map_err(StoreError::corrupt)?;
+            // The claim never uses the holder: not built (`decode_without_holder`).
+            let record =
+                Record::decode_without_holder(bytes.into()).map_err(StoreError::corrupt)?;
             match record.state {
+                RecordState::Completed(_) if record.fingerprint != req.fingerprint => {
+                    Ok(Claim::Mismatch)
+                }
                 RecordState::Completed(outcome) => {
                     Ok(Claim::Replay(Replay::new(record.fencing, outcome)))
                 }
                 _ => Err(StoreError::corrupt("a reservation returned as a result")),
             }
         }
-        // A live reservation of another owner, its remaining lease and Redis' clock.
+        // A live reservation of another owner, its remaining lease and Redis' clock: in
+        // flight if made for the same fingerprint.
         Value::Array(mut items) => {
             let pttl = int(items.get(1))?;
             let now_us = int(items.get(2))?;
             let record = match items.first_mut() {
                 Some(Value::BulkString(b)) => {
                     clear_watched(b);
-                    decode(b)?
+                    Record::decode_without_holder(std::mem::take(b).into())
+                        .map_err(StoreError::corrupt)?
                 }
                 other => return Err(unexpected(other.as_deref())),
             };
+            if record.fingerprint != req.fingerprint {
+                return Ok(Claim::Mismatch);
+            }
             if pttl < 0 {
                 // We always write reservations with an expiry: one without (PERSIST, a
                 // hand-made SET) would block the key for ever and make waiters spin.
@@ -506,6 +512,12 @@ impl Store for RedisStore {
         self.shared.call_timeout
     }
 
+    /// Yes: a completion whose reservation the client knows byte for byte is one `GET` to
+    /// compare and one write of the record it built (`lua/complete.lua`).
+    fn uses_reservation(&self) -> bool {
+        true
+    }
+
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Claim, StoreError> {
         let lane = self.begin_lane();
         let sent = tokio::time::Instant::now();
@@ -559,16 +571,20 @@ impl Store for RedisStore {
                 for &i in members {
                     cmd.arg(&rkeys[i]);
                 }
-                cmd.arg(ms(lease));
-                for &i in members {
-                    let fingerprint = reqs[i].fingerprint.map(|f| f.to_bytes());
-                    cmd.arg(OwnerWithFlags {
+                let fingerprints: Vec<_> = members
+                    .iter()
+                    .map(|&i| reqs[i].fingerprint.map(|f| f.to_bytes()))
+                    .collect();
+                let parts: Vec<Parts<'_>> = members
+                    .iter()
+                    .zip(&fingerprints)
+                    .map(|(&i, f)| Parts {
                         owner: reqs[i].owner.as_u128(),
-                        fingerprint: fingerprint.is_some(),
+                        fingerprint: f.as_ref(),
+                        holder: reqs[i].holder.map(|h| (&**h, ms(lease))),
                     })
-                    .arg(fingerprint.as_ref().map_or(&[][..], |f| &f[..]))
-                    .arg(scripts::HolderArg(reqs[i].holder.map(|h| &**h), ms(lease)));
-                }
+                    .collect();
+                scripts::begin_many_args(&mut cmd, ms(lease), &parts);
                 query_loading(&mut conn, &cmd, &scripts::BEGIN_MANY).await
             }
         });
@@ -632,20 +648,21 @@ impl Store for RedisStore {
         }
         let mut rkey = self.redis_key(key);
         let lane = self.lane(&rkey);
+        let reserved = completion.reservation.as_ref();
         let _lead = if self.shared.coalesce {
             let mut queued = None;
             let lead = self.shared.lanes[lane].completes.enter(|| {
                 let (reply, answer) = tokio::sync::oneshot::channel();
                 queued = Some(answer);
-                let mut lease_bytes = [0u8; 24];
-                lease_bytes[..16].copy_from_slice(&lease.owner.as_u128().to_be_bytes());
-                lease_bytes[16..].copy_from_slice(&lease.fencing.get().to_be_bytes());
                 CompleteJob {
                     rkey: std::mem::take(&mut rkey),
-                    lease: lease_bytes,
+                    owner: lease.owner.as_u128(),
+                    fencing: lease.fencing.get(),
                     ttl_ms: ms(completion.ttl),
                     kind: completion.kind,
                     bytes: completion.bytes.clone(),
+                    fingerprint: reserved.and_then(|r| r.fingerprint).map(|f| f.to_bytes()),
+                    holder: reserved.and_then(|r| Some((r.holder.clone()?, ms(r.lease)))),
                     reply,
                 }
             });
@@ -672,9 +689,20 @@ impl Store for RedisStore {
                 self.complete_script(),
                 &rkey,
                 |cmd| {
-                    cmd.arg(LeaseArg(lease))
-                        .arg(ms(completion.ttl))
-                        .arg(RecordTail(completion));
+                    let fingerprint = reserved.and_then(|r| r.fingerprint).map(|f| f.to_bytes());
+                    let parts = Parts {
+                        owner: lease.owner.as_u128(),
+                        fingerprint: fingerprint.as_ref(),
+                        holder: reserved.and_then(|r| Some((&**r.holder.as_ref()?, ms(r.lease)))),
+                    };
+                    cmd.arg(ms(completion.ttl))
+                        .arg(Mine(&parts, lease.fencing.get()))
+                        .arg(Done {
+                            parts: &parts,
+                            fencing: lease.fencing.get(),
+                            kind: completion.kind,
+                            bytes: &completion.bytes,
+                        });
                 },
                 |reply| matches!(reply, Value::Int(1)),
             )

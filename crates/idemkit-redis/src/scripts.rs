@@ -3,7 +3,7 @@
 use std::sync::LazyLock;
 
 use idemkit_core::record::Holder;
-use idemkit_core::{CompleteRequest, Ownership};
+use idemkit_core::{Ownership, ResultKind};
 use redis::{RedisWrite, Script, ToRedisArgs};
 
 /// One of our Lua scripts: its SHA for `EVALSHA`, and its source for `SCRIPT LOAD` when the
@@ -52,40 +52,128 @@ pub(crate) static PEEK: LazyLock<Lua> = lua!("../lua/peek.lua");
 pub(crate) static REMOVE: LazyLock<Lua> = lua!("../lua/remove.lua");
 pub(crate) static REMOVE_SHARDED: LazyLock<Lua> = lua!(sharded "../lua/remove.lua");
 
-/// `begin.lua`'s first argument: the new record's flags byte and owner token, built here so
-/// the script copies them in one piece.
-pub(crate) struct OwnerWithFlags {
+/// What the client knows of a reservation's bytes before Redis picks its fencing token (see
+/// `lua/begin.lua` for the format): everything else. The arguments below are written from it
+/// straight into the command, without a buffer of their own.
+#[derive(Clone, Copy)]
+pub(crate) struct Parts<'a> {
     pub(crate) owner: u128,
-    pub(crate) fingerprint: bool,
+    pub(crate) fingerprint: Option<&'a [u8; 16]>,
+    /// The holder block's process and the lease it records (version 2), or `None` (version 1).
+    pub(crate) holder: Option<(&'a Holder, u64)>,
 }
 
-impl ToRedisArgs for OwnerWithFlags {
-    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
-        let mut arg = [0u8; 17];
-        arg[0] = u8::from(self.fingerprint);
-        arg[1..].copy_from_slice(&self.owner.to_be_bytes());
-        out.write_arg(&arg);
+impl Parts<'_> {
+    /// Bytes 1-22: "IDK", version, `state`, flags, owner token.
+    fn head(&self, state: u8) -> [u8; 22] {
+        let mut head = [0u8; 22];
+        head[..3].copy_from_slice(b"IDK");
+        head[3] = if self.holder.is_some() { 2 } else { 1 };
+        head[4] = state;
+        head[5] = u8::from(self.fingerprint.is_some());
+        head[6..].copy_from_slice(&self.owner.to_be_bytes());
+        head
+    }
+
+    /// Bytes 1-30 (with `state`) then from 31 on, assembled on the stack and written at once
+    /// (each write into a command's buffer has a cost of its own, and this is on every call).
+    fn write_all(&self, state: u8, fencing: u64, w: &mut impl std::io::Write) {
+        let (mut buf, len) = self.rest();
+        // The rest sits at 30 in `buf`, the head and fencing token go before it.
+        buf[..22].copy_from_slice(&self.head(state));
+        buf[22..30].copy_from_slice(&fencing.to_be_bytes());
+        let _ = w.write_all(&buf[..len]);
+    }
+
+    /// `buf[30..len]` holds bytes from 31 on (`buf[..30]` is left for the head and fencing
+    /// token). At most 30 + 16 + 16 + 8 + 4 + 2 * (1 + 64) bytes: a holder's texts are at
+    /// most 64 bytes each (`Holder`'s cleaning).
+    fn rest(&self) -> ([u8; 256], usize) {
+        let mut buf = [0u8; 256];
+        // Created and expires: 16 zero bytes, already there.
+        let mut at = 46;
+        let mut put = |bytes: &[u8]| {
+            buf[at..at + bytes.len()].copy_from_slice(bytes);
+            at += bytes.len();
+        };
+        if let Some(f) = self.fingerprint {
+            put(f);
+        }
+        if let Some((h, lease_ms)) = self.holder {
+            put(&lease_ms.to_be_bytes());
+            put(&h.pid.to_be_bytes());
+            for text in [&h.host, &h.name] {
+                // `Holder` keeps each text within 64 bytes; a longer one is cut here
+                // rather than overflow (the record would then not match: the script
+                // completes from what Redis holds).
+                let t = &text.as_bytes()[..text.len().min(Holder::MAX_TEXT)];
+                put(&[t.len() as u8]);
+                put(t);
+            }
+        }
+        (buf, at)
+    }
+
+    /// Whether two reservations have the same bytes from 31 on (a batch sends them once).
+    pub(crate) fn same_rest(&self, other: &Parts<'_>) -> bool {
+        self.fingerprint == other.fingerprint
+            && match (self.holder, other.holder) {
+                (None, None) => true,
+                (Some((a, la)), Some((b, lb))) => la == lb && (std::ptr::eq(a, b) || a == b),
+                _ => false,
+            }
     }
 }
 
-/// `begin.lua`'s holder argument: the record's version-2 holder block (the reserving
-/// process and the lease), written straight into the command; empty without a holder
-/// (version 1).
-pub(crate) struct HolderArg<'a>(pub(crate) Option<&'a Holder>, pub(crate) u64);
+/// `begin.lua`'s reservation head: bytes 1-22 of the new reservation.
+pub(crate) struct Head<'a>(pub(crate) &'a Parts<'a>);
 
-impl ToRedisArgs for HolderArg<'_> {
+impl ToRedisArgs for Head<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        out.write_arg(&self.0.head(1));
+    }
+}
+
+/// `begin.lua`'s reservation rest: the new reservation's bytes from 31 on.
+pub(crate) struct Rest<'a>(pub(crate) &'a Parts<'a>);
+
+impl ToRedisArgs for Rest<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let (buf, len) = self.0.rest();
+        out.write_arg(&buf[30..len]);
+    }
+}
+
+/// `complete.lua`'s reservation: the caller's reservation, every byte (owner and fencing
+/// tokens at 7-30 always; the rest as far as the caller said what it reserved with).
+pub(crate) struct Mine<'a>(pub(crate) &'a Parts<'a>, pub(crate) u64);
+
+impl ToRedisArgs for Mine<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        self.0.write_all(1, self.1, &mut out.writer_for_next_arg());
+    }
+}
+
+/// `complete.lua`'s completed record: [`Mine`] with state 2, then the outcome (kind, length,
+/// bytes).
+pub(crate) struct Done<'a> {
+    pub(crate) parts: &'a Parts<'a>,
+    pub(crate) fencing: u64,
+    pub(crate) kind: ResultKind,
+    pub(crate) bytes: &'a [u8],
+}
+
+impl ToRedisArgs for Done<'_> {
     fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
         use std::io::Write as _;
         let mut w = out.writer_for_next_arg();
-        if let Some(h) = self.0 {
-            // Writing into the command's own buffer cannot fail; texts are under 256 bytes.
-            let _ = w.write_all(&self.1.to_be_bytes());
-            let _ = w.write_all(&h.pid.to_be_bytes());
-            for text in [&h.host, &h.name] {
-                let _ = w.write_all(&[text.len() as u8]);
-                let _ = w.write_all(text.as_bytes());
-            }
-        }
+        self.parts.write_all(2, self.fencing, &mut w);
+        // The record format's length field is 32 bits; `complete` refuses larger results
+        // before building the command.
+        let len = u32::try_from(self.bytes.len()).unwrap_or(u32::MAX);
+        let _ = w.write_all(&[self.kind.to_byte()]);
+        let _ = w.write_all(&len.to_be_bytes());
+        let _ = w.write_all(self.bytes);
     }
 }
 
@@ -102,29 +190,49 @@ impl ToRedisArgs for LeaseArg<'_> {
     }
 }
 
-/// `complete.lua`'s outcome argument: the completed record's tail (kind, length, bytes),
-/// written straight into the command without an intermediate buffer.
-pub(crate) struct RecordTail<'a>(pub(crate) &'a CompleteRequest);
-
-impl ToRedisArgs for RecordTail<'_> {
-    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
-        use std::io::Write as _;
-        let CompleteRequest { kind, bytes, .. } = self.0;
-        // The record format's length field is 32 bits; `complete` refuses larger results
-        // before building the command.
-        let len = u32::try_from(bytes.len()).unwrap_or(u32::MAX);
-        let mut w = out.writer_for_next_arg();
-        // Writing into the command's own buffer cannot fail.
-        let _ = w.write_all(&[kind.to_byte()]);
-        let _ = w.write_all(&len.to_be_bytes());
-        let _ = w.write_all(bytes);
-    }
-}
-
 /// Clears the Redis-only "watched" flag of a reservation (see `lua/begin.lua`) so that the
 /// bytes are exactly idemkit's record format.
 pub(crate) fn clear_watched(bytes: &mut [u8]) {
     if bytes.len() > 5 && (bytes.starts_with(b"IDK\x01\x01") || bytes.starts_with(b"IDK\x02\x01")) {
         bytes[5] &= 1;
+    }
+}
+
+/// `begin_many.lua`'s arguments after its keys: the lease, then the reservations' parts,
+/// their shared rest sent once when every key has the same (see the script).
+pub(crate) fn begin_many_args(cmd: &mut redis::Cmd, lease_ms: u64, parts: &[Parts<'_>]) {
+    cmd.arg(lease_ms);
+    let shared = parts.windows(2).all(|w| w[0].same_rest(&w[1]));
+    match parts.first() {
+        Some(first) if shared => {
+            cmd.arg(Rest(first));
+            for p in parts {
+                cmd.arg(Head(p));
+            }
+        }
+        _ => {
+            cmd.arg("");
+            for p in parts {
+                cmd.arg(Head(p)).arg(Rest(p));
+            }
+        }
+    }
+}
+
+/// `complete_many.lua`'s arguments after its keys: the ttl, then each key's reservation and
+/// completed record.
+pub(crate) fn complete_many_args<'a>(
+    cmd: &mut redis::Cmd,
+    ttl_ms: u64,
+    items: impl Iterator<Item = (Parts<'a>, u64, ResultKind, &'a [u8])>,
+) {
+    cmd.arg(ttl_ms);
+    for (parts, fencing, kind, bytes) in items {
+        cmd.arg(Mine(&parts, fencing)).arg(Done {
+            parts: &parts,
+            fencing,
+            kind,
+            bytes,
+        });
     }
 }

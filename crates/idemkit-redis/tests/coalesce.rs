@@ -9,8 +9,11 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use bytes::Bytes;
+use idemkit_core::record::{Holder, SharedHolder};
+use idemkit_core::store::Reservation;
 use idemkit_core::{
-    BeginRequest, Claim, CompleteRequest, Key, Operation, OwnerToken, ResultKind, StorageKey, Store,
+    BeginRequest, Claim, CompleteRequest, Fingerprint, Key, Operation, OwnerToken, ResultKind,
+    StorageKey, Store,
 };
 use idemkit_redis::RedisStore;
 use support::RedisProcess;
@@ -60,8 +63,23 @@ fn pause(port: u16, ms: u32) {
     assert!(paused.stdout.starts_with(b"OK"), "{paused:?}");
 }
 
+/// What key `i` of a mixed batch reserves with: a fingerprint for even keys, a holder for
+/// every third (so the batch's reservations differ past their owner: sent key by key).
+fn reserved_with(i: usize, mix: bool) -> (Option<Fingerprint>, Option<SharedHolder>) {
+    let fingerprint =
+        (mix && i.is_multiple_of(2)).then(|| Fingerprint::of(format!("{i}").as_bytes()));
+    let holder = (!mix || i.is_multiple_of(3)).then(|| HOLDER.clone());
+    (fingerprint, holder)
+}
+
+static HOLDER: std::sync::LazyLock<SharedHolder> =
+    std::sync::LazyLock::new(|| std::sync::Arc::new(Holder::new("host", 7, "coalesce")));
+
 /// 64 tasks begin 64 keys at once, then complete them at once; the script calls Redis saw.
-async fn begin_and_complete_64(store: &RedisStore, port: u16) -> (u64, u64) {
+/// With `mix`, keys reserve with and without fingerprints and holders, and complete with the
+/// right hint of what they reserved with, a wrong one, or none (`CompleteRequest::
+/// reservation`): each completed record keeps its reservation's fingerprint and holder.
+async fn begin_and_complete_64(store: &RedisStore, port: u16, mix: bool) -> (u64, u64) {
     let keys = keys(64);
     let before = evalsha_calls(port);
     // All 64 start together (a loaded machine would otherwise run the first ones before the
@@ -72,11 +90,15 @@ async fn begin_and_complete_64(store: &RedisStore, port: u16) -> (u64, u64) {
     let start = std::sync::Arc::new(tokio::sync::Barrier::new(64));
     let begins: Vec<_> = keys
         .iter()
-        .map(|k| {
+        .enumerate()
+        .map(|(i, k)| {
             let (store, k, start) = (store.clone(), k.clone(), start.clone());
             tokio::spawn(async move {
                 start.wait().await;
-                let req = BeginRequest::new(&k, OwnerToken::random(), Duration::from_secs(30));
+                let (fingerprint, holder) = reserved_with(i, mix);
+                let req = BeginRequest::new(&k, OwnerToken::random(), Duration::from_secs(30))
+                    .with_fingerprint(fingerprint)
+                    .with_holder(holder.as_ref());
                 match store.begin(&req).await.unwrap() {
                     Claim::Reserved { ownership, .. } => (k, ownership),
                     other => panic!("{k}: {other:?}"),
@@ -94,15 +116,28 @@ async fn begin_and_complete_64(store: &RedisStore, port: u16) -> (u64, u64) {
     let start = std::sync::Arc::new(tokio::sync::Barrier::new(64));
     let completes: Vec<_> = leases
         .iter()
-        .map(|(k, lease)| {
+        .enumerate()
+        .map(|(i, (k, lease))| {
             let (store, k, lease, start) = (store.clone(), k.clone(), *lease, start.clone());
             tokio::spawn(async move {
                 start.wait().await;
+                let (fingerprint, holder) = reserved_with(i, mix);
+                let hint = match i % 4 {
+                    _ if !mix => Some(Reservation::new(None, holder, Duration::from_secs(30))),
+                    0 | 3 => Some(Reservation::new(
+                        fingerprint,
+                        holder,
+                        Duration::from_secs(30),
+                    )),
+                    1 => Some(Reservation::new(None, None, Duration::from_secs(5))),
+                    _ => None,
+                };
                 let done = CompleteRequest::new(
                     ResultKind::Value,
                     Bytes::from(format!("em_{k}")),
                     Duration::from_secs(60),
-                );
+                )
+                .with_reservation(hint);
                 store.complete(&k, &lease, &done).await.unwrap();
             })
         })
@@ -111,10 +146,14 @@ async fn begin_and_complete_64(store: &RedisStore, port: u16) -> (u64, u64) {
         c.await.unwrap();
     }
     let completed = evalsha_calls(port) - before;
-    // Every key holds its own result, under its own fencing token.
-    for (k, lease) in &leases {
+    // Every key holds its own result, under its own fencing token, with the fingerprint and
+    // holder it reserved with.
+    for (i, (k, lease)) in leases.iter().enumerate() {
         let r = store.get(k).await.unwrap().expect("completed");
         assert_eq!(r.fencing, lease.fencing);
+        let (fingerprint, holder) = reserved_with(i, mix);
+        assert_eq!(r.fingerprint, fingerprint, "{k}");
+        assert_eq!(r.holder, holder, "{k}");
         match r.state {
             idemkit_core::RecordState::Completed(res) => {
                 assert_eq!(res.bytes(), format!("em_{k}").as_bytes());
@@ -128,17 +167,23 @@ async fn begin_and_complete_64(store: &RedisStore, port: u16) -> (u64, u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_calls_go_out_as_few_script_calls() {
     let server = RedisProcess::start(&[]);
-    let (began, completed) = begin_and_complete_64(&store(&server, true).await, server.port).await;
-    eprintln!("coalesced: 64 begins in {began} script calls, 64 completes in {completed}");
-    assert!(began < 32, "64 concurrent begins took {began} script calls");
-    assert!(
-        completed < 32,
-        "64 concurrent completes took {completed} script calls"
-    );
+    for mix in [false, true] {
+        let coalesced = store(&server, true).await;
+        let (began, completed) = begin_and_complete_64(&coalesced, server.port, mix).await;
+        eprintln!(
+            "coalesced (mixed: {mix}): 64 begins in {began} script calls, 64 completes in {completed}"
+        );
+        assert!(began < 32, "64 concurrent begins took {began} script calls");
+        assert!(
+            completed < 32,
+            "64 concurrent completes took {completed} script calls"
+        );
 
-    // The same without coalescing: one script call per call.
-    let (began, completed) = begin_and_complete_64(&store(&server, false).await, server.port).await;
-    assert_eq!((began, completed), (64, 64));
+        // The same without coalescing: one script call per call.
+        let single = store(&server, false).await;
+        let (began, completed) = begin_and_complete_64(&single, server.port, mix).await;
+        assert_eq!((began, completed), (64, 64));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -345,6 +345,10 @@ impl<S: Store> Store for Sealed<S> {
         self.inner.call_timeout()
     }
 
+    fn uses_reservation(&self) -> bool {
+        self.inner.uses_reservation()
+    }
+
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Claim, StoreError> {
         let stored = self.stored_key(req.key);
         let inner = BeginRequest::new(&stored, req.owner, req.lease)
@@ -394,7 +398,8 @@ impl<S: Store> Store for Sealed<S> {
             request.kind,
             self.seal(key, request.kind, &request.bytes)?,
             request.ttl,
-        );
+        )
+        .with_reservation(request.reservation.clone());
         self.inner
             .complete(&self.stored_key(key), ownership, &sealed)
             .await

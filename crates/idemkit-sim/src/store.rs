@@ -425,6 +425,10 @@ impl<S: RawStore> Store for SimStore<S> {
         self.shared.inner.max_ttl()
     }
 
+    fn uses_reservation(&self) -> bool {
+        self.shared.inner.uses_reservation()
+    }
+
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Claim, StoreError> {
         self.begin_sent(req, self.since_start()).await
     }

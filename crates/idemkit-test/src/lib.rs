@@ -169,7 +169,8 @@ macro_rules! __with_checks {
             complete_after_expiry_before_takeover_is_refused,
             begin_many_answers_each_key_as_begin_would,
             begin_by_its_own_owner_renews_the_lease,
-            renew_after_its_own_completion_succeeds
+            renew_after_its_own_completion_succeeds,
+            a_completion_keeps_the_reservation_it_completes
         }
     };
 }

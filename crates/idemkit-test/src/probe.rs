@@ -294,6 +294,10 @@ impl<S: Store> Store for Probe<S> {
         self.inner.max_ttl()
     }
 
+    fn uses_reservation(&self) -> bool {
+        self.inner.uses_reservation()
+    }
+
     // `call_timeout` stays `None`: the probe can hang a call (`hang_next`) whatever the
     // inner store promises, so the coordinator must time every call.
 

@@ -34,7 +34,7 @@ use crate::ident::{Operation, StorageKey};
 use crate::phase::Phase;
 use crate::policy::{InFlight, OnStoreError, Policy};
 use crate::record::OwnerToken;
-use crate::store::{BeginRequest, Claim, Ownership, Store, StoreError};
+use crate::store::{BeginRequest, Claim, Ownership, Reservation, Store, StoreError};
 use crate::unwind;
 
 impl<S: Store, C, P, K, B> Call<'_, S, C, P, K, B> {
@@ -136,7 +136,10 @@ impl<S: Store, C, P, K, B> Call<'_, S, C, P, K, B> {
                     }
                     return match completer {
                         None => {
-                            self.run_owned(&key, lease, started, effective, action)
+                            // Only for a store that builds the completed record from it
+                            // (Redis): an `Arc` clone a call on MemoryStore need not pay.
+                            let reservation = store.uses_reservation().then(|| req.reservation());
+                            self.run_owned(&key, lease, started, effective, action, reservation)
                                 .await
                         }
                         // Row 30: the caller's transaction completes. Boxed: a rare path.
@@ -288,6 +291,7 @@ impl<S: Store, C, P, K, B> Call<'_, S, C, P, K, B> {
         reserved_at: tokio::time::Instant,
         effective: &Effective,
         action: F,
+        reservation: Option<Reservation>,
     ) -> Result<Receipt<T>, Error<E>>
     where
         C: Codec<T>,
@@ -324,7 +328,9 @@ impl<S: Store, C, P, K, B> Call<'_, S, C, P, K, B> {
             };
             op.metrics().timing(Phase::Action, started);
             let (completion, answer) = match self.after_action(result, &lease, effective) {
-                AfterAction::Store(completion, answer) => (completion, answer),
+                AfterAction::Store(completion, answer) => {
+                    (completion.with_reservation(reservation), answer)
+                }
                 AfterAction::Release(e) => {
                     guard.pending = Pending::Done;
                     // Boxed: only a failed action takes this path.

@@ -90,7 +90,7 @@ impl Record {
     /// assert_eq!(Record::decode(b"IDK\x07"), Err(RecordError::TooShort(4)));
     /// ```
     pub fn decode(b: &[u8]) -> Result<Record, RecordError> {
-        Self::decode_with(b, Bytes::copy_from_slice)
+        Self::decode_with(b, Bytes::copy_from_slice, true)
     }
 
     /// Like [`decode`](Record::decode), but the outcome shares `bytes` instead of copying
@@ -111,10 +111,41 @@ impl Record {
     /// # Ok::<(), idemkit_core::RecordError>(())
     /// ```
     pub fn decode_shared(bytes: Bytes) -> Result<Record, RecordError> {
-        Self::decode_with(&bytes, |part| bytes.slice_ref(part))
+        Self::decode_with(&bytes, |part| bytes.slice_ref(part), true)
     }
 
-    fn decode_with(b: &[u8], share: impl FnOnce(&[u8]) -> Bytes) -> Result<Record, RecordError> {
+    /// Like [`decode_shared`](Record::decode_shared), every byte checked the same, but
+    /// without building the [`holder`](Record::holder) (`holder` and `lease_ms` are `None`):
+    /// for a store answering a `begin`, whose replay or in-flight claim never uses it, on
+    /// the path of every replay (building it is two strings and an `Arc`, a sixth of a
+    /// Redis replay's client instructions).
+    ///
+    /// # Errors
+    ///
+    /// [`RecordError`] for foreign or damaged bytes, as `decode_shared`.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use idemkit_core::{FencingToken, OwnerToken, Record, RecordState};
+    /// # use idemkit_core::record::Holder;
+    /// let r = Record { state: RecordState::Reserved, owner: OwnerToken::from_u128(1),
+    ///     fencing: FencingToken::new(1), fingerprint: None, created_at_ms: 0, expires_at_ms: 0,
+    ///     holder: Some(Arc::new(Holder::new("h", 7, "n"))), lease_ms: Some(1_000) };
+    /// let back = Record::decode_without_holder(r.encode().into())?;
+    /// assert_eq!((back.fencing, back.holder), (r.fencing, None));
+    /// # Ok::<(), idemkit_core::RecordError>(())
+    /// ```
+    pub fn decode_without_holder(bytes: Bytes) -> Result<Record, RecordError> {
+        Self::decode_with(&bytes, |part| bytes.slice_ref(part), false)
+    }
+
+    fn decode_with(
+        b: &[u8],
+        share: impl FnOnce(&[u8]) -> Bytes,
+        with_holder: bool,
+    ) -> Result<Record, RecordError> {
         if b.len() >= 3 && &b[..3] != MAGIC {
             return Err(RecordError::BadMagic);
         }
@@ -145,10 +176,13 @@ impl Record {
         } else {
             None
         };
-        let (holder, lease_ms) = if version == VERSION_HOLDER {
+        let (holder, lease_ms) = if version == VERSION_HOLDER && with_holder {
             let (holder, lease, r) = Holder::from_block(rest)?;
             rest = r;
             (Some(Arc::new(holder)), Some(lease))
+        } else if version == VERSION_HOLDER {
+            rest = Holder::skip_block(rest)?;
+            (None, None)
         } else {
             (None, None)
         };

@@ -138,7 +138,22 @@ impl Holder {
         let (name, r) = text(r)?;
         let pid = u32::from_be_bytes(pid.try_into().expect("4 bytes"));
         let lease = u64::from_be_bytes(lease.try_into().expect("8 bytes"));
-        Ok((Holder::new(host, pid, name), lease, r))
+        // `text` admits only what `clean` writes: nothing to clean again.
+        let holder = Holder {
+            host: host.to_owned(),
+            pid,
+            name: name.to_owned(),
+        };
+        Ok((holder, lease, r))
+    }
+
+    /// Checks a holder block as [`from_block`](Holder::from_block) does, without building
+    /// the holder: the bytes after the block.
+    pub(crate) fn skip_block(b: &[u8]) -> Result<&[u8], RecordError> {
+        let r = b.get(12..).ok_or(RecordError::LengthMismatch)?;
+        let (_, r) = text(r)?;
+        let (_, r) = text(r)?;
+        Ok(r)
     }
 }
 

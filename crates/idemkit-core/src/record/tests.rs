@@ -59,6 +59,24 @@ proptest! {
         }
     }
 
+    /// Decoding without the holder checks every byte as decoding with it: the same
+    /// answer for any bytes (a record mutated anywhere, its holder block included), but for
+    /// the holder left out.
+    #[test]
+    fn decoding_without_the_holder_checks_the_same_bytes(
+        r in record(),
+        at in any::<prop::sample::Index>(),
+        byte in any::<u8>(),
+        cut in 0usize..4,
+    ) {
+        let mut b = r.encode();
+        let i = at.index(b.len());
+        b[i] = byte;
+        b.truncate(b.len() - cut.min(b.len()));
+        let full = Record::decode(&b).map(|r| Record { holder: None, lease_ms: None, ..r });
+        prop_assert_eq!(Record::decode_without_holder(b.into()), full);
+    }
+
     #[test]
     fn truncation_and_extension_are_detected(r in record(), cut in 1usize..8) {
         let enc = r.encode();
@@ -133,6 +151,10 @@ fn a_holder_text_that_is_not_clean_is_refused() {
     block[last] = b'\n';
     assert_eq!(
         Holder::from_block(&block).map(|_| ()),
+        Err(RecordError::InvalidField("holder"))
+    );
+    assert_eq!(
+        Holder::skip_block(&block).map(|_| ()),
         Err(RecordError::InvalidField("holder"))
     );
 }

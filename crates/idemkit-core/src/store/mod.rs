@@ -28,7 +28,7 @@ mod error;
 mod request;
 
 pub use error::{BoxError, StoreError, StoreErrorKind};
-pub use request::{BeginRequest, Claim, CompleteRequest, Ownership, Replay};
+pub use request::{BeginRequest, Claim, CompleteRequest, Ownership, Replay, Reservation};
 
 /// A backend that keeps idempotency records. One call per phase, each atomic in the store.
 ///
@@ -73,6 +73,13 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// call that does not answer at once.
     fn call_timeout(&self) -> Option<Duration> {
         None
+    }
+
+    /// Whether [`complete`](Store::complete) makes use of a [`CompleteRequest::reservation`]
+    /// (see [`Reservation`]): the coordinator attaches one only for a store that says so, so
+    /// that the others do not pay for it. Default: no.
+    fn uses_reservation(&self) -> bool {
+        false
     }
 
     /// Reserve the key for `req.lease`, or return the completed record, or report the live

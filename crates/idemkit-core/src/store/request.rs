@@ -98,6 +98,80 @@ impl<'a> BeginRequest<'a> {
         self.fingerprint = fingerprint;
         self
     }
+
+    /// What this request reserves with, for the completion of its reservation
+    /// ([`CompleteRequest::with_reservation`]).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use idemkit_core::{BeginRequest, Key, Operation, OwnerToken, StorageKey};
+    /// # let key = StorageKey::new(&Operation::new("op")?, None, &Key::new("k")?);
+    /// let req = BeginRequest::new(&key, OwnerToken::random(), Duration::from_secs(1));
+    /// assert_eq!(req.reservation().lease, Duration::from_secs(1));
+    /// # Ok::<(), idemkit_core::KeyError>(())
+    /// ```
+    pub fn reservation(&self) -> Reservation {
+        Reservation {
+            fingerprint: self.fingerprint,
+            holder: self.holder.cloned(),
+            lease: self.lease,
+        }
+    }
+}
+
+/// What a reservation was made with: its [`BeginRequest`]'s fingerprint, holder and lease.
+///
+/// A completion that carries it ([`CompleteRequest::reservation`]) lets a store write the
+/// completed record without first reading the reservation's contents back (Redis sends the
+/// record whole and compares the stored reservation with the one this describes, byte for
+/// byte). It is a hint, never a proof of ownership: a store still checks the owner and
+/// fencing tokens, and one that finds the reservation different from this (a caller that
+/// reserved with other values, a store's own flags) completes from what it holds.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use idemkit_core::store::Reservation;
+///
+/// let r = Reservation::new(None, None, Duration::from_secs(15));
+/// assert!(r.fingerprint.is_none());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Reservation {
+    /// The fingerprint it was reserved with.
+    pub fingerprint: Option<Fingerprint>,
+    /// The reserving process it recorded.
+    pub holder: Option<SharedHolder>,
+    /// The lease it was reserved for (recorded with the holder).
+    pub lease: Duration,
+}
+
+impl Reservation {
+    /// Builds one.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use idemkit_core::{Fingerprint, store::Reservation};
+    /// let r = Reservation::new(Some(Fingerprint::of(b"body")), None, Duration::from_secs(15));
+    /// assert!(r.fingerprint.is_some());
+    /// ```
+    pub fn new(
+        fingerprint: Option<Fingerprint>,
+        holder: Option<SharedHolder>,
+        lease: Duration,
+    ) -> Self {
+        Reservation {
+            fingerprint,
+            holder,
+            lease,
+        }
+    }
 }
 
 /// The proof that a caller holds a reservation: its owner token and the reservation's fencing
@@ -234,6 +308,9 @@ pub struct CompleteRequest {
     /// How long to keep the completed record, exactly (stores round up only to their own
     /// resolution: milliseconds for Redis).
     pub ttl: Duration,
+    /// What the completed reservation was made with, if the caller says (the coordinator
+    /// does): see [`Reservation`].
+    pub reservation: Option<Reservation>,
 }
 
 impl CompleteRequest {
@@ -252,6 +329,26 @@ impl CompleteRequest {
             kind,
             bytes: bytes.into(),
             ttl,
+            reservation: None,
         }
+    }
+
+    /// Says what the completed reservation was made with (see [`Reservation`]).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use idemkit_core::{BeginRequest, CompleteRequest, Key, Operation, OwnerToken, ResultKind, StorageKey};
+    /// # let key = StorageKey::new(&Operation::new("op")?, None, &Key::new("k")?);
+    /// let begin = BeginRequest::new(&key, OwnerToken::random(), Duration::from_secs(15));
+    /// let c = CompleteRequest::new(ResultKind::Value, "1", Duration::from_secs(60))
+    ///     .with_reservation(Some(begin.reservation()));
+    /// assert_eq!(c.reservation.map(|r| r.lease), Some(Duration::from_secs(15)));
+    /// # Ok::<(), idemkit_core::KeyError>(())
+    /// ```
+    pub fn with_reservation(mut self, reservation: Option<Reservation>) -> Self {
+        self.reservation = reservation;
+        self
     }
 }

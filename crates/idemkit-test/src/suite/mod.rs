@@ -712,3 +712,93 @@ async fn reserve_with<S: Store>(store: &S, req: &BeginRequest<'_>) -> Ownership 
         other => panic!("expected a reservation, got {other:?}"),
     }
 }
+
+/// A completion that says what its reservation was made with
+/// ([`CompleteRequest::reservation`]) completes the reservation the store holds, whether the
+/// hint is right or wrong: the fingerprint and holder of the completed record are the
+/// reservation's, a stale owner's hinted completion changes nothing, and a waiter is woken.
+pub async fn a_completion_keeps_the_reservation_it_completes<H: Harness>(h: &H) {
+    use idemkit_core::record::Holder;
+    use idemkit_core::store::Reservation;
+    use std::sync::Arc;
+    let store = h.store().await;
+    let a = Some(Fingerprint::of(b"amount=100"));
+    let holder = Arc::new(Holder::new("host-a", 7, "worker"));
+    let other = Arc::new(Holder::new("host-b", 8, "other"));
+    let hints = [
+        // What the caller did reserve with (the coordinator's hint).
+        Some(Reservation::new(a, Some(holder.clone()), LEASE)),
+        // Wrong in every part: the store must go by what it holds.
+        Some(Reservation::new(None, Some(other.clone()), TTL)),
+        Some(Reservation::new(a, None, LEASE)),
+        Some(Reservation::new(
+            Some(Fingerprint::of(b"x")),
+            Some(holder.clone()),
+            LEASE,
+        )),
+        None,
+    ];
+    for (i, hint) in hints.into_iter().enumerate() {
+        let key = unique_key("hinted");
+        let begin = req(&key).with_fingerprint(a).with_holder(Some(&holder));
+        let lease = reserve_with(&store, &begin).await;
+        let done = value("\"em_1\"").with_reservation(hint.clone());
+        store
+            .complete(&key, &lease, &done)
+            .await
+            .unwrap_or_else(|e| panic!("hint {i}: complete: {e}"));
+        match store
+            .begin(&req(&key).with_fingerprint(a))
+            .await
+            .expect("begin")
+        {
+            Claim::Replay(r) => assert_eq!(&r.outcome.bytes()[..], b"\"em_1\"", "hint {i}"),
+            other => panic!("hint {i}: expected a replay, got {other:?}"),
+        }
+        assert_eq!(
+            store.begin(&req(&key)).await.expect("begin"),
+            Claim::Mismatch,
+            "hint {i}: the completed record lost its fingerprint"
+        );
+        let rec = store.get(&key).await.expect("get").expect("record");
+        assert_eq!(rec.fingerprint, a, "hint {i}");
+        assert_eq!(rec.holder.as_deref(), Some(&*holder), "hint {i}: holder");
+        // Retried with the same hint: the same owner's completion succeeds, changes nothing.
+        store
+            .complete(&key, &lease, &value("\"em_2\"").with_reservation(hint))
+            .await
+            .unwrap_or_else(|e| panic!("hint {i}: retried complete: {e}"));
+        match store.get(&key).await.expect("get").expect("record").state {
+            RecordState::Completed(o) => assert_eq!(&o.bytes()[..], b"\"em_1\"", "hint {i}"),
+            other => panic!("hint {i}: expected completed, got {other:?}"),
+        }
+    }
+
+    // A stale owner with a hint that describes its own reservation exactly cannot complete
+    // its successor's.
+    let key = unique_key("hinted-stale");
+    let begin = req(&key).with_holder(Some(&holder));
+    let stale = reserve_with(&store, &begin).await;
+    h.advance(LEASE + Duration::from_millis(200)).await;
+    let next = reserve_with(&store, &req(&key).with_holder(Some(&holder))).await;
+    let hinted = value("\"stale\"").with_reservation(Some(begin.reservation()));
+    assert_lease_lost(
+        store.complete(&key, &stale, &hinted).await,
+        "a stale owner's hinted completion",
+    );
+    let rec = store.get(&key).await.expect("get").expect("record");
+    assert_eq!(
+        (rec.state, rec.fencing),
+        (RecordState::Reserved, next.fencing)
+    );
+
+    // A waiter on a reservation is woken by a hinted completion.
+    waits::wait_wakes_on(h, |store, key, lease| async move {
+        let hint = Reservation::new(None, None, LEASE);
+        store
+            .complete(&key, &lease, &value("1").with_reservation(Some(hint)))
+            .await
+            .expect("complete");
+    })
+    .await;
+}
