@@ -10,7 +10,7 @@ use super::lease::{LeaseState, Pending, bounded};
 use super::options::{Completer, OnActionError};
 use super::outcome::{AfterAction, Effective};
 use super::receipt::Receipt;
-use crate::clock::{after, now};
+use crate::clock::after;
 use crate::codec::Codec;
 use crate::error::Error;
 use crate::ident::{Operation, StorageKey};
@@ -47,8 +47,11 @@ impl<S: Store, C, P, K: Completer, B> Call<'_, S, C, P, K, B> {
             lease: Some(state.clone()),
             downstream: Some(self.downstream(key)),
         };
-        let started = now();
-        let result = match keeper.keep_while(unwind::catch(action(attempt))).await {
+        let started = op.metrics().start();
+        let result = match keeper
+            .keep_while(std::pin::pin!(unwind::catch(action(attempt))))
+            .await
+        {
             Ok(result) => result,
             Err(panic) => {
                 // As in `run_owned`: a panic is a failed action, its key released.
@@ -71,7 +74,7 @@ impl<S: Store, C, P, K: Completer, B> Call<'_, S, C, P, K, B> {
         // From here the completion belongs to the completer's transaction: a dropped call
         // must neither release nor complete from outside it.
         guard.pending = Pending::Done;
-        let started = now();
+        let started = op.metrics().start();
         let stored = bounded(
             policy.store_timeout,
             None,

@@ -308,7 +308,7 @@ impl<S: Store, C, P, K, B> Call<'_, S, C, P, K, B> {
             // leaves the key to its lease (or releases it, `OnCancel::Release`), or stores the
             // outcome once the action succeeded.
             let mut guard = self.guard(key, lease);
-            let started = now();
+            let started = op.metrics().start();
             let attempt = Attempt {
                 fencing: Some(lease.fencing),
                 lease: Some(state.clone()),
@@ -340,8 +340,7 @@ impl<S: Store, C, P, K, B> Call<'_, S, C, P, K, B> {
             };
             // A test's crash point: the effect happened, nothing is stored yet.
             crate::fault::hit(crate::fault::FaultPoint::AfterAction);
-            guard.pending = Pending::Complete(completion.clone());
-            let stored = keeper.complete(&completion).await;
+            let stored = keeper.complete(guard.completing(completion)).await;
             guard.pending = Pending::Done;
             match answer {
                 Ok(receipt) => Ok(receipt.with_stored(stored)),
@@ -351,7 +350,7 @@ impl<S: Store, C, P, K, B> Call<'_, S, C, P, K, B> {
                 Err(e) => Err(Error::Action(e)),
             }
         };
-        keeper.keep_while(work).await
+        keeper.keep_while(std::pin::pin!(work)).await
     }
 
     /// The keeper of an owner's lease: renewals, the lease-lost signal, the completion.
@@ -390,7 +389,7 @@ impl<S: Store, C, P, K, B> Call<'_, S, C, P, K, B> {
 
     pub(super) async fn release(&self, key: &StorageKey, lease: &Ownership, policy: &Policy) {
         let store = self.coordinator.store();
-        let started = now();
+        let started = self.operation.metrics().start();
         let released = bounded(
             policy.store_timeout,
             store.call_timeout(),

@@ -188,8 +188,11 @@ impl<S: Store> Keeper<'_, S> {
     /// mid-effect is worse than finishing: the stale run's writes are refused by the owner
     /// check, downstream systems can refuse it by fencing token, and the action can watch
     /// [`Attempt::lease_lost`](super::Attempt::lease_lost)).
-    pub(crate) async fn keep_while<T>(&self, work: impl Future<Output = T>) -> T {
-        let mut work = pin!(work);
+    ///
+    /// `work` comes pinned by the caller: an `async fn` that took it by value would keep it
+    /// twice in its state (the argument, and the pinned copy), and a call's state is moved
+    /// on every call (docs/benchmarks.md).
+    pub(crate) async fn keep_while<T>(&self, mut work: Pin<&mut impl Future<Output = T>>) -> T {
         let mut renewals = pin!(self.renewals());
         let mut renewing = true;
         loop {
@@ -260,12 +263,15 @@ impl<S: Store> Keeper<'_, S> {
     pub(crate) async fn complete(&self, completion: &CompleteRequest) -> bool {
         let (op, key) = (self.operation, self.key);
         self.state.completing.store(true, Ordering::SeqCst);
-        let since = now();
+        // When the completion began: the first try's start, read only when that is timed
+        // anyway or once a try failed (most completions answer at once, and a clock read is
+        // a sizeable part of an in-process call).
+        let mut since = None;
         // How long before the confirmed end the last try goes out.
         let margin = (self.policy.lease / 20).min(Duration::from_millis(50));
         let mut backoff = Duration::from_millis(50);
         loop {
-            let started = now();
+            let started = op.metrics().start();
             let result = bounded(
                 self.policy.store_timeout,
                 self.store.call_timeout(),
@@ -288,6 +294,7 @@ impl<S: Store> Keeper<'_, S> {
             }
             op.metrics().store_error(Phase::Complete);
             let at = now();
+            let since = *since.get_or_insert(started.unwrap_or(at));
             // Until the end the store confirmed, also when the owner stopped counting on it
             // (an action past `max_hold`): the store holds the lease until then, and a stored
             // result spares a duplicate run after it.
@@ -334,6 +341,19 @@ pub(crate) struct Guard<'a, S: Store> {
     pub(crate) pending: Pending,
     /// What a drop mid-action does (row 17).
     pub(crate) on_cancel: OnCancel,
+}
+
+impl<S: Store> Guard<'_, S> {
+    /// From here a drop stores `completion` (the action succeeded); it is kept here, and
+    /// the call's own completion borrows it (a clone would copy the request and its
+    /// `Arc`s on every call).
+    pub(crate) fn completing(&mut self, completion: CompleteRequest) -> &CompleteRequest {
+        self.pending = Pending::Complete(completion);
+        match &self.pending {
+            Pending::Complete(c) => c,
+            _ => unreachable!("just set"),
+        }
+    }
 }
 
 impl<S: Store> Drop for Guard<'_, S> {

@@ -1,6 +1,7 @@
 //! [`StorageKey`]: the injective name a record is stored under.
 
 use std::fmt;
+use std::sync::Arc;
 
 use super::{Key, Operation, Scope};
 
@@ -25,10 +26,11 @@ use super::{Key, Operation, Scope};
 /// # Ok::<(), idemkit_core::KeyError>(())
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct StorageKey(String);
+pub struct StorageKey(Arc<str>);
 
 impl StorageKey {
-    /// Encodes a triple. One allocation, sized exactly.
+    /// Encodes a triple. One allocation, sized exactly; clones share it (a call clones its
+    /// key for the attempt's downstream key, and MemoryStore keeps it as its table's key).
     ///
     /// # Example
     ///
@@ -40,10 +42,6 @@ impl StorageKey {
     /// ```
     pub fn new(operation: &Operation, scope: Option<&Scope>, key: &Key) -> Self {
         let scope = scope.map_or("", Scope::as_str);
-        let mut s =
-            String::with_capacity(operation.as_str().len() + scope.len() + key.as_str().len() + 8);
-        s.push_str(operation.as_str());
-        s.push(':');
         // The scope's length in decimal, without the formatting machinery (hot path).
         let mut digits = [0u8; 20];
         let (mut n, mut at) = (scope.len(), digits.len());
@@ -55,12 +53,38 @@ impl StorageKey {
                 break;
             }
         }
-        s.push_str(std::str::from_utf8(&digits[at..]).expect("ASCII digits"));
-        s.push(':');
-        s.push_str(scope);
-        s.push(':');
-        s.push_str(key.as_str());
-        StorageKey(s)
+        let parts = [
+            operation.as_str().as_bytes(),
+            b":",
+            &digits[at..],
+            b":",
+            scope.as_bytes(),
+            b":",
+            key.as_str().as_bytes(),
+        ];
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        // Assembled on the stack when short (nearly always), so that the `Arc` is the one
+        // allocation; a longer key goes through a `String` first.
+        let mut buf = [0u8; 128];
+        if let Some(dst) = buf.get_mut(..len) {
+            let mut at = 0;
+            for p in parts {
+                dst[at..at + p.len()].copy_from_slice(p);
+                at += p.len();
+            }
+            let text = std::str::from_utf8(dst).expect("joined from strings and ASCII");
+            return StorageKey(Arc::from(text));
+        }
+        let mut s = String::with_capacity(len);
+        for p in parts {
+            s.push_str(std::str::from_utf8(p).expect("a string or ASCII"));
+        }
+        StorageKey(Arc::from(s))
+    }
+
+    /// The shared text, for a store that keeps the key (MemoryStore's table).
+    pub(crate) fn shared(&self) -> &Arc<str> {
+        &self.0
     }
 
     /// Decodes a storage key back into its triple; `None` when the text is not one.

@@ -325,7 +325,7 @@ impl Store for MemoryStore {
                 shard.sweep_if_due(now);
                 let slot = self.new_slot(req, now);
                 let lease = Ownership::new(slot.owner, slot.fencing);
-                shard.map.insert(h, req.key.as_str(), Entry::Record(slot));
+                shard.map.insert(h, req.key, Entry::Record(slot));
                 Ok(Claim::Reserved {
                     ownership: lease,
                     took_over: false,

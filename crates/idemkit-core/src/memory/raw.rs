@@ -46,7 +46,7 @@ impl RawStore for MemoryStore {
         };
         let (mut shard, h, _) = self.shard(key);
         shard.sweep_if_due(now);
-        if let Some(Entry::Record(mut old)) = shard.map.insert(h, key.as_str(), entry) {
+        if let Some(Entry::Record(mut old)) = shard.map.insert(h, key, entry) {
             old.wake_waiters();
         }
         Ok(())

@@ -1,9 +1,12 @@
 //! A shard of the [`MemoryStore`](super::MemoryStore): its table and its sweep.
 
+use std::sync::Arc;
+
 use hashbrown::HashTable;
 use tokio::time::Instant;
 
 use super::Entry;
+use crate::ident::StorageKey;
 
 /// A shard sweeps expired entries when it has grown to this many entries, and afterwards when
 /// it has doubled since the last sweep. Sweeping is therefore amortised O(1) per insert, and a
@@ -22,7 +25,7 @@ pub(super) struct Shard {
 /// over every key was a tenth of a miss's time while the map grew).
 #[derive(Debug, Default)]
 pub(super) struct Table {
-    pub(super) entries: HashTable<(u64, Box<str>, Entry)>,
+    pub(super) entries: HashTable<(u64, Arc<str>, Entry)>,
 }
 
 impl Table {
@@ -42,13 +45,14 @@ impl Table {
             .map(|(_, _, e)| e)
     }
 
-    /// Inserts or replaces; returns the replaced entry.
-    pub(super) fn insert(&mut self, hash: u64, key: &str, entry: Entry) -> Option<Entry> {
-        if let Some(old) = self.get_mut(hash, key) {
+    /// Inserts or replaces; returns the replaced entry. The table keeps the storage key's
+    /// shared text: no copy.
+    pub(super) fn insert(&mut self, hash: u64, key: &StorageKey, entry: Entry) -> Option<Entry> {
+        if let Some(old) = self.get_mut(hash, key.as_str()) {
             return Some(std::mem::replace(old, entry));
         }
         self.entries
-            .insert_unique(hash, (hash, key.into(), entry), |(h, _, _)| *h);
+            .insert_unique(hash, (hash, key.shared().clone(), entry), |(h, _, _)| *h);
         None
     }
 
