@@ -51,6 +51,32 @@ const SELECT: Case = "floor: PK SELECT";
 const INSERT: Case = "floor: 1-row INSERT";
 const HIT: Case = "idemkit PgStore hit";
 const MISS: Case = "idemkit PgStore miss";
+/// The table a user would write by hand: a first delivery inserts its key (`ON CONFLICT DO
+/// NOTHING`), runs, and updates the same row with its result. No owner check, no lease, no
+/// fencing, no replay path: the floor of two statements per first delivery.
+const PEER: Case = "hand-written table miss";
+
+/// The hand-written peer's first delivery of `key`.
+async fn peer_miss(pool: &PgPool, key: &str) {
+    let inserted = sqlx::query(
+        "INSERT INTO idemkit_bench.peer (key, state, expires_at) \
+         VALUES ($1, 1, now() + interval '60 seconds') ON CONFLICT DO NOTHING",
+    )
+    .bind(key)
+    .execute(pool)
+    .await
+    .expect("peer insert");
+    assert_eq!(inserted.rows_affected(), 1, "a first delivery");
+    sqlx::query(
+        "UPDATE idemkit_bench.peer SET state = 2, result = $2, \
+         expires_at = now() + interval '60 seconds' WHERE key = $1",
+    )
+    .bind(key)
+    .bind(&b"1"[..])
+    .execute(pool)
+    .await
+    .expect("peer update");
+}
 
 /// Runs every case `rounds` times (interleaved) and keeps each case's median round.
 pub(crate) async fn run(url: &str, ops: usize, rounds: usize) -> Result<PgReport, String> {
@@ -66,6 +92,7 @@ pub(crate) async fn run(url: &str, ops: usize, rounds: usize) -> Result<PgReport
         "CREATE SCHEMA IF NOT EXISTS idemkit_bench;
          CREATE TABLE IF NOT EXISTS idemkit_bench.floor (id bigint PRIMARY KEY, v bytea NOT NULL);
          CREATE TABLE IF NOT EXISTS idemkit_bench.floor_insert (id bigserial PRIMARY KEY, v bytea NOT NULL);
+         CREATE TABLE IF NOT EXISTS idemkit_bench.peer (key text COLLATE \"C\" PRIMARY KEY, state smallint NOT NULL, result bytea, expires_at timestamptz NOT NULL);
          INSERT INTO idemkit_bench.floor SELECT g, '\\x01' FROM generate_series(1, 1000) g ON CONFLICT DO NOTHING;",
     )
     .execute(&pool)
@@ -106,7 +133,7 @@ pub(crate) async fn run(url: &str, ops: usize, rounds: usize) -> Result<PgReport
         let mut round = Vec::new();
         for &concurrency in &[1usize, 64] {
             let ops = if concurrency == 1 { ops / 10 } else { ops }.max(100);
-            for case in [SELECT, INSERT, HIT, MISS] {
+            for case in [SELECT, INSERT, HIT, MISS, PEER] {
                 let (pool, c, op, hits, fresh) = (
                     pool.clone(),
                     c.clone(),
@@ -147,6 +174,10 @@ pub(crate) async fn run(url: &str, ops: usize, rounds: usize) -> Result<PgReport
                                     .run(|_| async { Ok::<_, std::io::Error>(1u32) })
                                     .await
                                     .expect("hit");
+                            }
+                            PEER => {
+                                let n = fresh.fetch_add(1, Ordering::Relaxed);
+                                peer_miss(&pool, &format!("peer-{run_id:x}-{n}")).await;
                             }
                             _ => {
                                 let n = fresh.fetch_add(1, Ordering::Relaxed);
@@ -193,7 +224,7 @@ pub(crate) async fn run(url: &str, ops: usize, rounds: usize) -> Result<PgReport
     )
     .execute(&pool)
     .await;
-    let _ = sqlx::query("TRUNCATE idemkit_bench.floor_insert")
+    let _ = sqlx::query("TRUNCATE idemkit_bench.floor_insert, idemkit_bench.peer")
         .execute(&pool)
         .await;
     Ok(PgReport {
@@ -301,9 +332,11 @@ async fn count_statements(
     let c = Coordinator::new(store);
     let mut out = Vec::new();
     const CALLS: usize = 20;
-    for case in [SELECT, INSERT, HIT, MISS] {
-        // Prepare first: a statement's first use on a connection is parsed separately.
-        for i in 0..2 {
+    for case in [SELECT, INSERT, HIT, MISS, PEER] {
+        // Prepare first: a statement's first use on a connection is parsed separately; and
+        // the store's first statement follows what recent calls met (src/guess.rs of
+        // idemkit-postgres): 16 calls of the case settle it, as in the timed runs.
+        for i in 0..16 {
             one(&pool, &c, op, case, run_id, i).await;
         }
         let before = std::fs::metadata(&path).map_err(|e| e.to_string())?.len();
@@ -359,6 +392,7 @@ async fn one(
                 .await
                 .expect("hit");
         }
+        PEER => peer_miss(pool, &format!("peer-{run_id:x}-log-{i}")).await,
         _ => {
             let key = Key::new(format!("miss-{run_id:x}-log-{i}")).expect("valid");
             c.call(op, &key)

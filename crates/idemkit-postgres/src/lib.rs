@@ -22,6 +22,7 @@ mod builder;
 mod consume;
 mod errors;
 mod fence;
+mod guess;
 mod inbox;
 mod migrate;
 mod names;

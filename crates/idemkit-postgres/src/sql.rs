@@ -10,6 +10,9 @@ use crate::names::Table;
 #[derive(Debug)]
 pub(crate) struct Statements {
     pub(crate) begin: String,
+    pub(crate) begin_read: String,
+    pub(crate) begin_insert: String,
+    pub(crate) notify: String,
     pub(crate) begin_many: String,
     pub(crate) renew: String,
     pub(crate) completed_by: String,
@@ -72,6 +75,28 @@ impl Statements {
                    (extract(epoch FROM c.now - cur.created_at) * 1000000)::int8, false \
                  FROM cur, c WHERE cur.expires_at > c.now AND NOT EXISTS (SELECT 1 FROM ins)"
             ),
+            // `begin` when the key is probably live (most calls replay, `PgStore::begin`): the
+            // live row as `begin` returns one, a primary-key read and nothing else; no row
+            // (absent or expired) and the client sends `begin`.
+            begin_read: format!(
+                "SELECT false, version, state, owner, fencing, fingerprint, kind, result, \
+                   (extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::int8, \
+                   (extract(epoch FROM clock_timestamp() - created_at) * 1000000)::int8, false \
+                 FROM {t} WHERE key = $1 AND expires_at > clock_timestamp()"
+            ),
+            // `begin` when the key is probably absent (most calls are first deliveries): a plain
+            // insert, the reservation as `begin` returns a new one; a row already there (live,
+            // expired or just inserted by another caller) is left alone, no row comes back,
+            // and the client sends `begin`. A conflict draws a fencing token it does not use
+            // (the sequence only has to increase).
+            begin_insert: format!(
+                "INSERT INTO {t} AS r (key, version, state, owner, fencing, fingerprint, created_at, expires_at, waiting, holder) \
+                 SELECT $1, 1, 1, $2, nextval('{seq}'), $4, c.now, c.now + $3 * interval '1 microsecond', false, $5 \
+                 FROM (SELECT clock_timestamp() AS now) c \
+                 ON CONFLICT (key) DO NOTHING \
+                 RETURNING true, 1::int2, 1::int2, NULL::bytea, r.fencing, NULL::bytea, NULL::int2, NULL::bytea, \
+                   0::int8, 0::int8, false"
+            ),
             // `begin` for a batch of distinct keys ($1 keys, $2 owners, $4 fingerprints, one
             // lease $3): the same decision per key, one statement. Rows come back keyed (the
             // first column); a key without a row met the snapshot race described above and
@@ -124,21 +149,19 @@ impl Statements {
                 "SELECT setval('{seq}', $1) FROM \"{}\".\"{}_fencing\" WHERE last_value < $1",
                 table.schema, table.name
             ),
-            // Completes and, if a waiter flagged the row, notifies: at commit, so a waiter
-            // wakes when the result is visible (in the transactional call, when the caller
-            // commits). A second completion by the same owner finds its own completed row:
-            // success, nothing written.
+            // Completes; returns whether a waiter flagged the row (then the client sends
+            // `notify` on the same connection, in the same transaction in the transactional
+            // call, so a waiter wakes once the result is visible). No row: expired, taken
+            // over, or completed by this same lease already (a retried completion: the client
+            // asks `completed_by`). A plain update: the checks and the notification in one
+            // statement cost a miss a fifth more database CPU (docs/benchmarks.md).
             complete: format!(
-                "WITH u AS ( \
-                   UPDATE {t} SET state = 2, kind = $4, result = $5, \
-                     expires_at = clock_timestamp() + $6 * interval '1 microsecond' \
-                   WHERE {owned} AND state = 1 AND expires_at > clock_timestamp() \
-                   RETURNING waiting \
-                 ), n AS (SELECT pg_notify('{channel}', $1) FROM u WHERE u.waiting) \
-                 SELECT CASE WHEN EXISTS (SELECT 1 FROM u) THEN (SELECT count(*) FROM n) >= 0 \
-                   ELSE EXISTS (SELECT 1 FROM {t} WHERE {owned} AND state = 2 \
-                     AND expires_at > clock_timestamp()) END"
+                "UPDATE {t} SET state = 2, kind = $4, result = $5, \
+                   expires_at = clock_timestamp() + $6 * interval '1 microsecond' \
+                 WHERE {owned} AND state = 1 AND expires_at > clock_timestamp() \
+                 RETURNING waiting"
             ),
+            notify: format!("SELECT pg_notify('{channel}', $1)"),
             release: format!(
                 "WITH d AS ( \
                    DELETE FROM {t} WHERE {owned} AND state = 1 AND expires_at > clock_timestamp() \

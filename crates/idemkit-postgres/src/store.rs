@@ -12,6 +12,7 @@ use sqlx::{PgConnection, PgPool, Row as _};
 
 use crate::builder::PgStoreBuilder;
 use crate::errors::{Checked, Row, map_err, read_record};
+use crate::guess::{Guess, Guesser};
 use crate::names::Table;
 use crate::sql::Statements;
 use crate::wake::{Listener, Waiters};
@@ -55,6 +56,8 @@ pub(crate) struct Inner {
     waiters: Arc<Waiters>,
     listener: Listener,
     recheck: Duration,
+    /// Which `begin` statement recent calls suggest (see `Guesser`).
+    guess: Guesser,
 }
 
 impl PgStore {
@@ -88,6 +91,7 @@ impl PgStore {
                 waiters: Arc::default(),
                 listener: Listener::default(),
                 recheck,
+                guess: Guesser::default(),
             }),
         }
     }
@@ -244,21 +248,43 @@ impl PgStore {
         ownership: &Ownership,
         request: &CompleteRequest,
     ) -> Result<(), StoreError> {
-        let done: bool = sqlx::query(&self.inner.sql.complete)
+        let waiting: Option<bool> = sqlx::query(&self.inner.sql.complete)
             .bind(key.as_str())
             .bind(owner_bytes(ownership))
             .bind(fencing_i64(ownership.fencing))
             .bind(i16::from(request.kind.to_byte()))
             .bind(&request.bytes[..])
             .bind(micros(request.ttl))
-            .fetch_one(conn)
+            .fetch_optional(&mut *conn)
             .await
-            .and_then(|row| row.try_get(0))
+            .and_then(|row| row.map(|row| row.try_get(0)).transpose())
             .map_err(|e| self.err(e))?;
-        if done {
-            Ok(())
-        } else {
-            Err(StoreError::lease_lost())
+        match waiting {
+            Some(false) => Ok(()),
+            // A waiter flagged the row: wake it (a statement of its own, needed only then).
+            Some(true) => {
+                sqlx::query(&self.inner.sql.notify)
+                    .bind(key.as_str())
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                Ok(())
+            }
+            // Not ours to complete now, unless this very lease completed it already (a
+            // retried completion, whose first reply was lost): that is success.
+            None => {
+                let completed = sqlx::query(&self.inner.sql.completed_by)
+                    .bind(key.as_str())
+                    .bind(&owner_bytes(ownership)[..])
+                    .bind(fencing_i64(ownership.fencing))
+                    .fetch_optional(&mut *conn)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                match completed {
+                    Some(_) => Ok(()),
+                    None => Err(StoreError::lease_lost()),
+                }
+            }
         }
     }
 }
@@ -381,6 +407,43 @@ impl Store for PgStore {
         let owner = req.owner.as_u128().to_be_bytes();
         let fingerprint = req.fingerprint.map(|f| f.to_bytes());
         let holder = holder_block(req);
+        // One statement for the case the recent calls say is likely, which answers it alone
+        // at the cost of a plain read or insert; when it does not apply, `begin` after it.
+        let guess = self.inner.guess.guess();
+        let fast = match guess {
+            Guess::Live => Some(&self.inner.sql.begin_read),
+            Guess::Absent => Some(&self.inner.sql.begin_insert),
+            Guess::Either => None,
+        };
+        if let Some(statement) = fast {
+            let row = sqlx::query(statement)
+                .bind(req.key.as_str())
+                .bind(&owner[..])
+                .bind(micros(req.lease))
+                .bind(fingerprint.as_ref().map(|f| &f[..]))
+                .bind(holder.as_deref())
+                .fetch_optional(&self.inner.pool)
+                .await
+                .map_err(|e| self.err(e))?;
+            if let Some(row) = row {
+                let claim = self.claim_of(req, &row, 0)?;
+                self.inner.guess.saw(&claim);
+                if let Claim::Reserved { ownership, .. } = &claim
+                    && !row.try_get::<bool, _>(0).map_err(|e| self.err(e))?
+                {
+                    // Our own live reservation, read back: renewed, as below.
+                    match self.renew(req.key, ownership, req.lease).await {
+                        Ok(()) => return Ok(claim),
+                        Err(e) if e.is_lease_lost() => {}
+                        Err(e) => return Err(e),
+                    }
+                } else {
+                    return Ok(claim);
+                }
+            }
+            // Otherwise the guess was wrong (the key is absent or expired, or there):
+            // `begin` decides, and its claim moves the next guess.
+        }
         for _ in 0..BEGIN_ATTEMPTS {
             let row = sqlx::query(&self.inner.sql.begin)
                 .bind(req.key.as_str())
@@ -393,6 +456,7 @@ impl Store for PgStore {
                 .map_err(|e| self.err(e))?;
             let Some(row) = row else { continue };
             let claim = self.claim_of(req, &row, 0)?;
+            self.inner.guess.saw(&claim);
             if let Claim::Reserved { ownership, .. } = &claim
                 && !row.try_get::<bool, _>(0).map_err(|e| self.err(e))?
             {

@@ -160,3 +160,167 @@ fn a_hit_is_one_statement_a_miss_two_and_a_batch_one() {
         }
     });
 }
+
+/// The store sends first the `begin` statement that recent calls suggest (src/guess.rs): after
+/// a run of first deliveries a plain insert, after a run of replays a plain read, each one
+/// statement; a wrong guess costs one statement more and answers exactly as `begin` would:
+/// replays, mismatches, owners in flight, the caller's own reservation (renewed) and expired
+/// reservations (taken over) after a run of first deliveries, and fresh and expired keys
+/// after a run of replays.
+#[test]
+fn the_first_statement_follows_recent_begins_and_every_answer_stays_exact() {
+    use std::time::Duration;
+
+    use idemkit_core::{
+        BeginRequest, Claim, CompleteRequest, Fingerprint, OwnerToken, ResultKind, StorageKey,
+        Store,
+    };
+
+    let counted = Statements::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(counted.clone()));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let Some(store) = support::store().await else {
+            return;
+        };
+        let op = Operation::new("guess").unwrap();
+        let fresh = || {
+            let k = Key::new(format!("g-{:x}", fastrand::u64(..))).unwrap();
+            StorageKey::new(&op, None, &k)
+        };
+        let long = Duration::from_secs(30);
+        let begin = |key: &StorageKey, owner: OwnerToken, lease: Duration| {
+            let (store, key) = (store.clone(), key.clone());
+            async move {
+                let req = BeginRequest::new(&key, owner, lease);
+                store.begin(&req).await.unwrap()
+            }
+        };
+        let reserve = |key: StorageKey, lease: Duration| {
+            let begin = &begin;
+            async move {
+                match begin(&key, OwnerToken::random(), lease).await {
+                    Claim::Reserved { ownership, .. } => ownership,
+                    other => panic!("{other:?}"),
+                }
+            }
+        };
+        let done = CompleteRequest::new(ResultKind::Value, "1", long);
+        // A completed key, its reservation made with a fingerprint.
+        let completed = fresh();
+        let fp = Some(Fingerprint::of(b"body"));
+        let owner = OwnerToken::random();
+        let Claim::Reserved { ownership, .. } = store
+            .begin(&BeginRequest::new(&completed, owner, long).with_fingerprint(fp))
+            .await
+            .unwrap()
+        else {
+            panic!("not reserved")
+        };
+        store.complete(&completed, &ownership, &done).await.unwrap();
+        let replays = || {
+            let begin = &begin;
+            let completed = completed.clone();
+            async move {
+                for _ in 0..32 {
+                    assert!(matches!(
+                        begin(&completed, OwnerToken::random(), long).await,
+                        Claim::Mismatch
+                    ));
+                }
+            }
+        };
+        let first_deliveries = || {
+            let reserve = &reserve;
+            async move {
+                for _ in 0..32 {
+                    reserve(fresh(), long).await;
+                }
+            }
+        };
+        // Warm up: sqlx prepares each statement once per connection.
+        first_deliveries().await;
+        replays().await;
+
+        // After first deliveries: a fresh key is one insert.
+        first_deliveries().await;
+        counted.take();
+        reserve(fresh(), long).await;
+        assert_eq!(counted.take(), 1, "a first delivery after first deliveries");
+        // Everything else there: the insert finds a row, then `begin`.
+        first_deliveries().await;
+        counted.take();
+        let hit = store
+            .begin(&BeginRequest::new(&completed, OwnerToken::random(), long).with_fingerprint(fp))
+            .await
+            .unwrap();
+        assert!(matches!(hit, Claim::Replay(_)), "{hit:?}");
+        assert_eq!(counted.take(), 2, "a replay after first deliveries");
+        for live in [false, true] {
+            // `live`: the same cases after replays.
+            let condition = || async {
+                if live {
+                    replays().await
+                } else {
+                    first_deliveries().await
+                }
+            };
+            condition().await;
+            assert_eq!(
+                begin(&completed, OwnerToken::random(), long).await,
+                Claim::Mismatch
+            );
+            condition().await;
+            let held = fresh();
+            let theirs = reserve(held.clone(), long).await;
+            condition().await;
+            match begin(&held, OwnerToken::random(), long).await {
+                Claim::InFlight { fencing, .. } => assert_eq!(fencing, theirs.fencing),
+                other => panic!("{other:?}"),
+            }
+            // The caller's own reservation, asked for again: the same, renewed.
+            let mine = fresh();
+            let me = OwnerToken::random();
+            let first = begin(&mine, me, Duration::from_secs(2)).await;
+            condition().await;
+            let again = begin(&mine, me, long).await;
+            assert_eq!(first, again);
+            let rec = store.get(&mine).await.unwrap().unwrap();
+            assert!(
+                rec.expires_at_ms - rec.created_at_ms > 20_000,
+                "not renewed: {rec:?}"
+            );
+            // An expired reservation: taken over with a larger token.
+            let expired = fresh();
+            let old = reserve(expired.clone(), Duration::from_millis(30)).await;
+            tokio::time::sleep(Duration::from_millis(60)).await;
+            condition().await;
+            match begin(&expired, OwnerToken::random(), long).await {
+                Claim::Reserved {
+                    ownership,
+                    took_over,
+                } => {
+                    assert!(took_over);
+                    assert!(ownership.fencing > old.fencing);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        // After replays: a replay is one read, a fresh key the read then `begin`.
+        replays().await;
+        counted.take();
+        assert_eq!(
+            begin(&completed, OwnerToken::random(), long).await,
+            Claim::Mismatch
+        );
+        assert_eq!(counted.take(), 1, "a replay after replays");
+        replays().await;
+        counted.take();
+        reserve(fresh(), long).await;
+        assert_eq!(counted.take(), 2, "a first delivery after replays");
+    });
+}
