@@ -29,19 +29,68 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 const PARTITIONS: i32 = 4;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum Mode {
-    Off,
-    On { batch: usize },
+struct Mode {
+    /// idemkit on (on Redis) or off.
+    protected: bool,
+    /// Batch reservation (`KafkaRunner::batch`; 1: off).
+    batch: usize,
+    /// What the handler does: nothing, or sleeps this long (a call to another service).
+    handler: Duration,
 }
 
 impl Mode {
     fn name(self) -> String {
-        match self {
-            Mode::Off => "runner, idempotency off".into(),
-            Mode::On { batch: 1 } => "runner + idemkit (Redis), batch off".into(),
-            Mode::On { batch } => format!("runner + idemkit (Redis), batch {batch}"),
+        let handler = if self.handler.is_zero() {
+            String::new()
+        } else {
+            format!(", {} ms handler", self.handler.as_millis())
+        };
+        match (self.protected, self.batch) {
+            (false, _) => format!("runner, idempotency off{handler}"),
+            (true, 1) => format!("runner + idemkit (Redis), batch off{handler}"),
+            (true, batch) => format!("runner + idemkit (Redis), batch {batch}{handler}"),
         }
     }
+}
+
+/// The cases: an empty handler (the runner's and the store's cost per message) with
+/// idempotency off, on without and with batch reservation; and a 1 ms handler (a call to
+/// another service) off and on.
+const MODES: [Mode; 5] = [
+    Mode {
+        protected: false,
+        batch: 1,
+        handler: Duration::ZERO,
+    },
+    Mode {
+        protected: true,
+        batch: 1,
+        handler: Duration::ZERO,
+    },
+    Mode {
+        protected: true,
+        batch: 64,
+        handler: Duration::ZERO,
+    },
+    Mode {
+        protected: false,
+        batch: 64,
+        handler: Duration::from_millis(1),
+    },
+    Mode {
+        protected: true,
+        batch: 64,
+        handler: Duration::from_millis(1),
+    },
+];
+
+/// One consumer case's median: for the targets in results.md.
+#[derive(Debug, Clone)]
+pub(crate) struct ConsumerRow {
+    pub(crate) case: String,
+    pub(crate) per_sec: f64,
+    /// Against idempotency off with the same handler.
+    pub(crate) vs_off: f64,
 }
 
 struct Measured {
@@ -52,13 +101,13 @@ struct Measured {
     commands: f64,
 }
 
-/// Runs the consumer case and returns its report.
+/// Runs the consumer cases; the report's text and its rows.
 pub(crate) async fn run(
     brokers: &str,
     redis_url: &str,
     messages: usize,
     rounds: usize,
-) -> Result<String, String> {
+) -> Result<(String, Vec<ConsumerRow>), String> {
     let topic = format!("idemkit-bench-{:x}", fastrand::u64(..));
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", brokers)
@@ -111,13 +160,20 @@ pub(crate) async fn run(
         .await
         .map_err(|e| e.to_string())?;
 
-    let modes = [Mode::Off, Mode::On { batch: 1 }, Mode::On { batch: 64 }];
+    let modes = MODES;
     let mut results: Vec<Vec<Measured>> = modes.iter().map(|_| Vec::new()).collect();
     for round in 0..rounds {
         for (i, mode) in modes.iter().enumerate() {
             eprintln!("kafka: round {}/{rounds}: {}", round + 1, mode.name());
             let before = crate::measure::commandstats(&redis).await?;
-            let per_sec = consume(brokers, redis_url, &topic, messages, *mode).await?;
+            // A 1 ms handler is bounded by the partitions (one message at a time each):
+            // a fifth of the messages are enough.
+            let n = if mode.handler.is_zero() {
+                messages
+            } else {
+                (messages / 5).max(100)
+            };
+            let per_sec = consume(brokers, redis_url, &topic, n, *mode).await?;
             let after = crate::measure::commandstats(&redis).await?;
             let calls = |s: &crate::measure::Stats, only: Option<&str>| -> u64 {
                 s.iter()
@@ -126,9 +182,8 @@ pub(crate) async fn run(
                     .map(|(_, (calls, _))| calls)
                     .sum()
             };
-            let per = |only| {
-                calls(&after, only).saturating_sub(calls(&before, only)) as f64 / messages as f64
-            };
+            let per =
+                |only| calls(&after, only).saturating_sub(calls(&before, only)) as f64 / n as f64;
             results[i].push(Measured {
                 per_sec,
                 round_trips: per(Some("evalsha")),
@@ -147,8 +202,14 @@ pub(crate) async fn run(
             &r[r.len() / 2]
         })
         .collect();
-    let off = medians[0].per_sec;
+    let mut rows = Vec::new();
     for (mode, m) in modes.iter().zip(&medians) {
+        // Each against idempotency off with the same handler.
+        let off = modes
+            .iter()
+            .zip(&medians)
+            .find(|(o, _)| !o.protected && o.handler == mode.handler)
+            .map_or(f64::NAN, |(_, o)| o.per_sec);
         out.push_str(&format!(
             "| {} | {:.0} | {:.2}× | {:.2} | {:.2} |\n",
             mode.name(),
@@ -157,6 +218,11 @@ pub(crate) async fn run(
             m.round_trips,
             m.commands
         ));
+        rows.push(ConsumerRow {
+            case: mode.name(),
+            per_sec: m.per_sec,
+            vs_off: m.per_sec / off,
+        });
     }
     out.push_str(&format!(
         "\nbatch reservation on / off: {:.2}× messages/s, {:.2} vs {:.2} round trips per message\n",
@@ -164,7 +230,7 @@ pub(crate) async fn run(
         medians[2].round_trips,
         medians[1].round_trips
     ));
-    Ok(out)
+    Ok((out, rows))
 }
 
 /// Consumes every message of `topic` once with a new group; messages per second between
@@ -186,9 +252,14 @@ async fn consume(
         Coordinator::new(store),
         Operation::new("bench.consume").expect("valid"),
         |m: &OwnedMessage| Key::new(String::from_utf8_lossy(m.key().unwrap_or_default())),
-        |_m: OwnedMessage, _| async { Ok::<_, std::convert::Infallible>(1u32) },
+        move |_m: OwnedMessage, _| async move {
+            if !mode.handler.is_zero() {
+                tokio::time::sleep(mode.handler).await;
+            }
+            Ok::<_, std::convert::Infallible>(1u32)
+        },
     )
-    .protected(mode != Mode::Off);
+    .protected(mode.protected);
     let settled = Arc::new(AtomicUsize::new(0));
     let times = Arc::new(std::sync::Mutex::new((None::<Instant>, None::<Instant>)));
     let done = Arc::new(tokio::sync::Notify::new());
@@ -198,13 +269,13 @@ async fn consume(
         .set("bootstrap.servers", brokers)
         .set("group.id", format!("bench-{:x}", fastrand::u64(..)))
         .set("auto.offset.reset", "earliest")
-        .set("auto.commit.interval.ms", "500");
-    let batch = match mode {
-        Mode::On { batch } => batch,
-        Mode::Off => 1,
-    };
+        .set("auto.commit.interval.ms", "500")
+        // tansu answers a fetch only after this wait when it has fewer bytes than
+        // `fetch.min.bytes` to give at once: librdkafka's 500 ms default made every case
+        // the broker's (2,000 messages a second, whatever the runner did).
+        .set("fetch.wait.max.ms", "10");
     let runner = KafkaRunner::new(config, [topic.to_string()], processor)
-        .batch(batch)
+        .batch(mode.batch)
         .on_settled(move |_| {
             let now = Instant::now();
             let mut times = t.lock().expect("lock");

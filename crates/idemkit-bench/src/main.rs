@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use clap::Parser;
 mod http;
+mod jetstream;
 mod kafka;
 mod measure;
 mod postgres;
@@ -183,6 +184,9 @@ fn main() -> ExitCode {
                         report.rows.extend(rows.await?);
                     }
                     report.rows.extend(suite::memory(args.ops).await?);
+                    report
+                        .rows
+                        .extend(suite::sealed(&bench, &args.store, args.ops).await?);
                 }
                 Ok(report)
             }
@@ -207,12 +211,29 @@ fn main() -> ExitCode {
             }
         }
     }
+    let mut consumers = publish::Consumers::default();
     if let Some(brokers) = &args.kafka {
         let messages = args.kafka_messages;
         match runtime.block_on(kafka::run(brokers, &args.store, messages, args.rounds)) {
-            Ok(report) => print!("\n{report}"),
+            Ok((report, rows)) => {
+                print!("\n{report}");
+                consumers.kafka = Some((report, rows));
+            }
             Err(e) => {
                 eprintln!("idemkit-bench: Kafka: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    if let Some(url) = &args.jetstream {
+        let messages = args.kafka_messages;
+        match runtime.block_on(jetstream::run(url, &args.store, messages, args.rounds)) {
+            Ok((report, rows)) => {
+                print!("\n{report}");
+                consumers.jetstream = Some((report, rows));
+            }
+            Err(e) => {
+                eprintln!("idemkit-bench: JetStream: {e}");
                 return ExitCode::FAILURE;
             }
         }
@@ -248,8 +269,16 @@ fn main() -> ExitCode {
                 },
                 python: args.python.as_ref().map(|p| python_version(p)),
             };
-            publish::write(dir, &meta, report, &c1, &bytes, pg_report.as_ref())
-                .map_err(|e| format!("{}: {e}", dir.display()))
+            publish::write(
+                dir,
+                &meta,
+                report,
+                &c1,
+                &bytes,
+                pg_report.as_ref(),
+                &consumers,
+            )
+            .map_err(|e| format!("{}: {e}", dir.display()))
         });
         match written {
             Ok(()) => eprintln!("wrote {}/results.md and its plots", dir.display()),

@@ -24,15 +24,15 @@ use sqlx::postgres::PgPoolOptions;
 /// One measured case.
 #[derive(Debug, Clone)]
 pub(crate) struct PgRow {
-    case: &'static str,
-    concurrency: usize,
-    ops_per_sec: f64,
-    p50: Duration,
+    pub(crate) case: &'static str,
+    pub(crate) concurrency: usize,
+    pub(crate) ops_per_sec: f64,
+    pub(crate) p50: Duration,
     p99: Duration,
     /// Statements per call, from the server log (`None` when the log cannot be read).
     statements: Option<f64>,
     /// CPU of all `postgres` processes per call, µs.
-    db_cpu_usec: f64,
+    pub(crate) db_cpu_usec: f64,
     /// Round trips per call relative to the floor `SELECT` at the same concurrency (latency
     /// ratio of the medians).
     vs_floor: f64,
@@ -436,6 +436,15 @@ async fn log_path(pool: &PgPool) -> Result<String, String> {
         Ok(path)
     } else {
         Err(format!("no readable server log (tried {path})"))
+    }
+}
+
+impl PgReport {
+    /// The row of `case` at `concurrency`.
+    pub(crate) fn row(&self, case: &str, concurrency: usize) -> Option<&PgRow> {
+        self.rows
+            .iter()
+            .find(|r| r.case == case && r.concurrency == concurrency)
     }
 }
 

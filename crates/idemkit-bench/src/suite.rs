@@ -35,8 +35,10 @@ async fn call_once<S: idemkit_core::Store>(c: &Coordinator<S>, op: &Operation, k
         .expect("a first delivery runs");
 }
 
-/// idemkit on a `MemoryStore` in this process: hit and miss, at concurrency 1 and 64. The
-/// rows have no Redis columns.
+/// idemkit on a `MemoryStore` in this process: hit and miss, at concurrency 1 and 64. Each
+/// case runs twice: untimed for its throughput (the row's calls per second, so time per call
+/// is idemkit's alone), then with every call timed for its latencies. The rows have no
+/// Redis columns.
 ///
 /// # Errors
 ///
@@ -46,50 +48,144 @@ pub(crate) async fn memory(ops: usize) -> Result<Vec<Row>, String> {
     let op = Operation::new("bench").expect("valid");
     let hit = Key::new("hit").expect("valid");
     call_once(&c, &op, &hit).await;
-    // Keys are built before timing: the store, not `format!`, is measured.
+    // Keys are built before timing: the store, not `format!`, is measured. Each miss run
+    // has keys of its own (two runs per case and concurrency).
     let keys: Arc<Vec<Key>> = Arc::new(
-        (0..ops * 2 + 64)
+        (0..ops * 4 + 128)
             .map(|i| Key::new(format!("m{i}")).expect("valid"))
             .collect(),
     );
     let mut rows = Vec::new();
-    for (concurrency, offset) in [(1, 0), (64, ops)] {
+    for (concurrency, offset) in [(1, 0), (64, 2 * ops + 64)] {
         eprintln!("  MemoryStore hit and miss, c={concurrency}, {ops} calls each");
         let (c1, o1, k1) = (c.clone(), op.clone(), hit.clone());
-        let (lat, elapsed) = timed(concurrency, ops, move |_| {
+        let hit_call = move |_| {
             let (c, o, k) = (c1.clone(), o1.clone(), k1.clone());
             async move { call_once(&c, &o, &k).await }
-        })
-        .await?;
+        };
+        let untimed = crate::measure::untimed(concurrency, ops, hit_call.clone()).await?;
+        let (lat, _) = timed(concurrency, ops, hit_call).await?;
         rows.push(in_process(
             "idemkit MemoryStore hit",
             concurrency,
+            ops,
             &lat,
-            elapsed,
+            untimed,
         ));
-        let (c1, o1, keys1) = (c.clone(), op.clone(), keys.clone());
-        let (lat, elapsed) = timed(concurrency, ops, move |i| {
-            let (c, o, keys) = (c1.clone(), o1.clone(), keys1.clone());
-            async move { call_once(&c, &o, &keys[offset + i]).await }
-        })
-        .await?;
+        let miss_call = |from: usize| {
+            let (c, o, keys) = (c.clone(), op.clone(), keys.clone());
+            move |i: usize| {
+                let (c, o, keys) = (c.clone(), o.clone(), keys.clone());
+                async move { call_once(&c, &o, &keys[from + i]).await }
+            }
+        };
+        let untimed = crate::measure::untimed(concurrency, ops, miss_call(offset)).await?;
+        let (lat, _) = timed(concurrency, ops, miss_call(offset + ops + 32)).await?;
         rows.push(in_process(
             "idemkit MemoryStore miss",
             concurrency,
+            ops,
             &lat,
-            elapsed,
+            untimed,
         ));
     }
     Ok(rows)
 }
 
-fn in_process(case: &'static str, concurrency: usize, lat: &[Duration], elapsed: Duration) -> Row {
+/// The encryption option's cost (`idemkit-seal`'s `Sealed::encrypt`, XChaCha20-Poly1305 and
+/// a key id per result): a replay and a first delivery through a sealed store, on the
+/// MemoryStore (single task, untimed as above) and on Redis (c=64), beside the same calls
+/// unsealed in the other rows.
+///
+/// # Errors
+///
+/// Redis cannot be reached, or a task panicked.
+pub(crate) async fn sealed(bench: &Bench, url: &str, ops: usize) -> Result<Vec<Row>, String> {
+    use idemkit_seal::{Keyring, Sealed};
+    let keyring = || Keyring::new(1, [7u8; 32]);
+    let mut rows = Vec::new();
+    // MemoryStore, one task.
+    let c = Coordinator::new(Sealed::new(MemoryStore::new()).encrypt(keyring()));
+    let op = Operation::new("bench").expect("valid");
+    let hit = Key::new("hit").expect("valid");
+    call_once(&c, &op, &hit).await;
+    let keys: Arc<Vec<Key>> = Arc::new(
+        (0..ops)
+            .map(|i| Key::new(format!("s{i}")).expect("valid"))
+            .collect(),
+    );
+    eprintln!("  MemoryStore, encrypted: hit and miss, c=1, {ops} calls each");
+    let (c1, o1, k1) = (c.clone(), op.clone(), hit.clone());
+    let untimed = crate::measure::untimed(1, ops, move |_| {
+        let (c, o, k) = (c1.clone(), o1.clone(), k1.clone());
+        async move { call_once(&c, &o, &k).await }
+    })
+    .await?;
+    rows.push(in_process(
+        "idemkit MemoryStore hit, encrypted",
+        1,
+        ops,
+        &[],
+        untimed,
+    ));
+    let (c1, o1, keys1) = (c.clone(), op.clone(), keys.clone());
+    let untimed = crate::measure::untimed(1, ops, move |i| {
+        let (c, o, keys) = (c1.clone(), o1.clone(), keys1.clone());
+        async move { call_once(&c, &o, &keys[i]).await }
+    })
+    .await?;
+    rows.push(in_process(
+        "idemkit MemoryStore miss, encrypted",
+        1,
+        ops,
+        &[],
+        untimed,
+    ));
+    // Redis, c=64.
+    let store = RedisStore::builder()
+        .prefix(format!("idemkit-bench-sealed-{:x}", fastrand::u64(..)))
+        .connect(url)
+        .await
+        .map_err(|e| e.to_string())?;
+    let c = Coordinator::new(Sealed::new(store).encrypt(keyring()));
+    call_once(&c, &op, &hit).await;
+    let (c1, o1, k1) = (c.clone(), op.clone(), hit.clone());
+    rows.push(
+        bench
+            .measure("idemkit hit, encrypted", 64, ops, move |_| {
+                let (c, o, k) = (c1.clone(), o1.clone(), k1.clone());
+                async move { call_once(&c, &o, &k).await }
+            })
+            .await?,
+    );
+    let (c1, o1, keys1) = (c.clone(), op.clone(), keys.clone());
+    rows.push(
+        bench
+            .measure("idemkit miss, encrypted", 64, ops, move |i| {
+                let (c, o, keys) = (c1.clone(), o1.clone(), keys1.clone());
+                async move { call_once(&c, &o, &keys[i % keys.len()]).await }
+            })
+            .await?,
+    );
+    Ok(rows)
+}
+
+/// An in-process row: calls per second from the untimed run's wall time, latencies from
+/// the timed run's.
+fn in_process(
+    case: &'static str,
+    concurrency: usize,
+    calls: usize,
+    lat: &[Duration],
+    untimed: Duration,
+) -> Row {
+    let pct = |p: usize| lat.get(lat.len() * p / 100).copied().unwrap_or_default();
     Row {
         case,
         concurrency,
-        ops_per_sec: lat.len() as f64 / elapsed.as_secs_f64(),
-        p50: lat[lat.len() / 2],
-        p99: lat[lat.len() * 99 / 100],
+        ops_per_sec: calls as f64 / untimed.as_secs_f64(),
+        p50: pct(50),
+        p99: pct(99),
         commands_per_call: f64::NAN,
         redis_usec_per_call: f64::NAN,
         redis_cpu_usec_per_call: f64::NAN,

@@ -192,15 +192,16 @@ async fn run<S: Store + Clone>(
 
 /// The tables: the inbox's, the invoices (no unique constraint: a second insert would
 /// show), and the mail API's (its idempotency key is its primary key).
+/// Under a lock: workers starting together on a database without the tables would collide
+/// in `CREATE TABLE IF NOT EXISTS` (PostgreSQL checks "not exists" before it locks).
 async fn setup(pool: &PgPool) -> Result<(), Box<dyn std::error::Error>> {
     Inbox::new().migrate(pool).await?;
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS paid_invoices (order_id text NOT NULL, at timestamptz NOT NULL DEFAULT now())",
-    )
-    .execute(pool)
-    .await?;
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS paid_mail_api (idempotency_key text PRIMARY KEY, order_id text NOT NULL, calls int NOT NULL DEFAULT 1)",
+    sqlx::raw_sql(
+        "BEGIN;
+         SELECT pg_advisory_xact_lock(hashtext('idemkit.examples.paid_orders'));
+         CREATE TABLE IF NOT EXISTS paid_invoices (order_id text NOT NULL, at timestamptz NOT NULL DEFAULT now());
+         CREATE TABLE IF NOT EXISTS paid_mail_api (idempotency_key text PRIMARY KEY, order_id text NOT NULL, calls int NOT NULL DEFAULT 1);
+         COMMIT;",
     )
     .execute(pool)
     .await?;

@@ -4,7 +4,11 @@
 //! What the runner does, so that no user writes it again:
 //!
 //! - **Order and concurrency.** One task per assigned partition: messages of one partition
-//!   are handled one after another, in offset order; partitions run concurrently.
+//!   are handled one after another, in offset order (a message's handler starts once the
+//!   one before it has returned a value, or has been settled); partitions run
+//!   concurrently. Storing a result is not handling: the next message's handler runs while
+//!   the previous result is on its way to the store (up to 64 on the way per partition),
+//!   and offsets are still stored in order, each once its message is settled.
 //! - **Commit after the effect.** An offset is stored only after its message was settled
 //!   (acknowledged or dead-lettered), and committed from the stored offsets
 //!   (`enable.auto.offset.store=false`, librdkafka's auto-commit of stored offsets; the runner
@@ -588,6 +592,14 @@ impl ConsumerContext for RunnerContext {
     }
 }
 
+/// How many of a partition's messages may be started and not yet settled at once: the one
+/// whose handler runs, and those whose results are on their way to the store.
+const PIPELINE: usize = 64;
+
+/// A started message: its call runs in a task of its own, so that its completion goes on
+/// while the partition's next message is handled, and while an older one is settled.
+type Started<T> = VecDeque<(OwnedMessage, tokio::task::JoinHandle<Processed<T>>)>;
+
 async fn partition_task<S, K, H>(
     shared: Arc<Shared<S, K, H>>,
     tp: (String, i32),
@@ -597,15 +609,30 @@ async fn partition_task<S, K, H>(
     S: Store + Send + Sync + 'static,
     K: Fn(&OwnedMessage) -> Result<Key, KeyError> + Send + Sync + 'static,
     H: Handle<OwnedMessage> + 'static,
+    H::Output: 'static,
 {
     let current = || shared.generations.get(&tp) == generation;
     let batch = shared.batch;
     let mut pending: Vec<OwnedMessage> = Vec::with_capacity(batch);
+    // Oldest first: settled, and their offsets stored, in this order.
+    let mut started: Started<H::Output> = VecDeque::new();
     loop {
-        match queue.recv().await {
-            Some(m) => pending.push(m),
-            None => break,
-        }
+        // The next message; what was started meanwhile settles as it finishes.
+        let next = loop {
+            let Some((_, oldest)) = started.front_mut() else {
+                break queue.recv().await;
+            };
+            let oldest_done = tokio::select! {
+                biased;
+                joined = oldest => joined,
+                m = queue.recv() => break m,
+            };
+            if !settle_oldest(&shared, &tp, &mut started, oldest_done, &current).await {
+                return finish(started).await;
+            }
+        };
+        let Some(m) = next else { break };
+        pending.push(m);
         // What has arrived for this partition meanwhile joins the batch (never waits for
         // more: no latency is added when messages come one at a time).
         while pending.len() < batch {
@@ -618,8 +645,9 @@ async fn partition_task<S, K, H>(
         if !current() {
             break;
         }
-        // The batch's keys reserved in one round trip; each message is then handled and
-        // settled, and its offset stored, before the next starts.
+        // The batch's keys reserved in one round trip; then each message starts once the
+        // one before it has handled its message (its effect happened; its completion may be
+        // on the wire), or has settled: effects in offset order, completions overlapping.
         let mut claims = if pending.len() > 1 {
             shared.settler.processor().prepare(&pending).await
         } else {
@@ -628,22 +656,103 @@ async fn partition_task<S, K, H>(
         .into_iter();
         for message in pending.drain(..) {
             if !current() {
-                return; // revoked: the unused claims are released as they drop
+                // Revoked: the unused claims are released as they drop.
+                return finish(started).await;
             }
             let claim = claims.next().flatten();
-            let processed = shared
-                .settler
-                .processor()
-                .process_prepared(&message, claim, 1)
-                .await;
-            if !settle(&shared, &message, processed, &current).await {
-                return; // revoked while settling: the next owner has it
+            let handled = Arc::new(tokio::sync::Notify::new());
+            let call = {
+                let (shared, message, handled) = (shared.clone(), message.clone(), handled.clone());
+                tokio::spawn(async move {
+                    let signal = move || handled.notify_one();
+                    shared
+                        .settler
+                        .processor()
+                        .process_signalled(&message, claim, 1, signal)
+                        .await
+                })
+            };
+            started.push_back((message, call));
+            // Until this message has handled its own (or settled), the next one waits;
+            // older ones settle meanwhile. A handler that fails is retried before any later
+            // message starts: `handled` is only told of a value.
+            let mut this_settled = false;
+            while !this_settled {
+                let newest = started.len() == 1;
+                let (_, oldest) = started.front_mut().expect("this message is started");
+                let oldest_done = tokio::select! {
+                    biased;
+                    () = handled.notified() => break,
+                    joined = oldest => joined,
+                };
+                if !settle_oldest(&shared, &tp, &mut started, oldest_done, &current).await {
+                    return finish(started).await;
+                }
+                this_settled = newest;
             }
-            if current()
-                && let Err(e) = shared.consumer.store_offset(&tp.0, tp.1, message.offset())
-            {
-                tracing::debug!(error = %e, topic = tp.0, partition = tp.1, "kafka runner: offset not stored");
+            // Bounded: with many results on the wire, the oldest settle first.
+            while started.len() >= PIPELINE {
+                let (_, oldest) = started.front_mut().expect("non-empty");
+                let oldest_done = oldest.await;
+                if !settle_oldest(&shared, &tp, &mut started, oldest_done, &current).await {
+                    return finish(started).await;
+                }
             }
+        }
+    }
+    // The queue is closed (shutdown) or the partition revoked: what was started finishes,
+    // and settles while the partition is still this member's.
+    while let Some((_, oldest)) = started.front_mut() {
+        let oldest_done = oldest.await;
+        if !settle_oldest(&shared, &tp, &mut started, oldest_done, &current).await {
+            return finish(started).await;
+        }
+    }
+}
+
+/// Settles the oldest started message, whose call finished, and stores its offset. False if
+/// the partition was revoked (nothing stored).
+async fn settle_oldest<S, K, H>(
+    shared: &Shared<S, K, H>,
+    tp: &(String, i32),
+    started: &mut Started<H::Output>,
+    joined: Result<Processed<H::Output>, tokio::task::JoinError>,
+    current: &(impl Fn() -> bool + Sync),
+) -> bool
+where
+    S: Store + Send + Sync + 'static,
+    K: Fn(&OwnedMessage) -> Result<Key, KeyError> + Send + Sync + 'static,
+    H: Handle<OwnedMessage> + 'static,
+{
+    let (message, _) = started.pop_front().expect("the oldest finished");
+    let processed = match joined {
+        Ok(processed) => processed,
+        // The processor catches the handler's panics: anything else is a bug of ours, and
+        // the partition task dies with it, as it would have inline (no later offset is
+        // stored past this message).
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // Cancelled: the runtime is shutting down.
+        Err(_) => return false,
+    };
+    if !settle(shared, &message, processed, current).await {
+        return false; // revoked while settling: the next owner has it
+    }
+    if current()
+        && let Err(e) = shared.consumer.store_offset(&tp.0, tp.1, message.offset())
+    {
+        tracing::debug!(error = %e, topic = tp.0, partition = tp.1, "kafka runner: offset not stored");
+    }
+    true
+}
+
+/// A revoked or shut-down partition's started calls run to their end (their results are
+/// stored under their keys, so the next owner replays them); nothing more is settled.
+async fn finish<T>(started: Started<T>) {
+    for (_, call) in started {
+        if let Err(e) = call.await
+            && e.is_panic()
+        {
+            std::panic::resume_unwind(e.into_panic());
         }
     }
 }

@@ -425,3 +425,111 @@ async fn offsets_are_stored_as_messages_settle_not_per_batch() {
         "with m9 still running, the group's committed offset is {seen:?}, not 9"
     );
 }
+
+/// Issue 26: a partition's next message starts while the previous one's result is on its
+/// way to the store, and offsets are still stored in order, each once its message has
+/// settled. The store holds every completion until told: `flaky`'s handler runs while
+/// `m0`'s result is held; `flaky` fails, so `m2` does not start (a failing message is retried
+/// before any later one: effects stay in offset order); nothing is settled or committed.
+/// Opened, `m0` settles, `flaky` is retried and settles, then `m2`: in order, and the
+/// committed offset reaches 3.
+///
+/// Before (each message settled before the next started): only `m0`'s handler ran while its
+/// completion was held (`handled = ["m0"]`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_next_message_runs_while_the_previous_result_is_stored() {
+    use idemkit_test::Probe;
+    let Some(brokers) = brokers() else { return };
+    let (topic, group) = (unique("orders"), unique("group"));
+    create_topic(&brokers, &topic, 1).await;
+    let p = producer(&brokers);
+    for m in ["m0", "flaky", "m2"] {
+        produce(&p, &topic, 0, m, m).await;
+    }
+    let store = Probe::new(MemoryStore::new());
+    store.hold_complete();
+    let handled: Handled = Arc::default();
+    let settled: Handled = Arc::default();
+    let failed_once = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let processor = {
+        let (handled, failed_once) = (handled.clone(), failed_once.clone());
+        Processor::new(
+            Coordinator::new(store.clone()),
+            op(),
+            |m: &OwnedMessage| Key::new(body(m)),
+            move |m: OwnedMessage, _| {
+                let (handled, failed_once) = (handled.clone(), failed_once.clone());
+                async move {
+                    let name = body(&m);
+                    if name == "flaky"
+                        && !failed_once.swap(true, std::sync::atomic::Ordering::SeqCst)
+                    {
+                        handled.lock().unwrap().push("flaky failed".into());
+                        return Err(std::io::Error::other("a first try fails"));
+                    }
+                    handled.lock().unwrap().push(name.clone());
+                    Ok::<_, std::io::Error>(name)
+                }
+            },
+        )
+        .retry(
+            RetryPolicy::new()
+                .max_deliveries(3)
+                .backoff(Duration::from_millis(10), Duration::from_millis(10)),
+        )
+    };
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let s = stop.clone();
+    let on_settled = settled.clone();
+    let runner = KafkaRunner::new(
+        consumer_config(&brokers, &group),
+        [topic.clone()],
+        processor,
+    )
+    .on_settled(move |done| on_settled.lock().unwrap().push(body(done.message)));
+    let task = tokio::spawn(runner.run(async move { s.notified().await }));
+    let two_ran = eventually(Duration::from_secs(60), || async {
+        handled.lock().unwrap().len() == 2
+    })
+    .await;
+    // Time for `m2` to start, which it must not.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let ran_held = handled.lock().unwrap().clone();
+    let settled_held = settled.lock().unwrap().clone();
+    let committed_held = committed(&brokers, &group, &topic);
+    store.open_complete();
+    let all_settled = eventually(Duration::from_secs(30), || async {
+        settled.lock().unwrap().len() == 3
+    })
+    .await;
+    let stored = eventually(Duration::from_secs(20), || async {
+        committed(&brokers, &group, &topic) == Some(3)
+    })
+    .await;
+    stop.notify_one();
+    task.await.unwrap().unwrap();
+    assert!(
+        two_ran,
+        "with completions held, the handlers that ran: {ran_held:?}"
+    );
+    assert_eq!(ran_held, ["m0", "flaky failed"]);
+    assert_eq!(
+        *handled.lock().unwrap(),
+        ["m0", "flaky failed", "flaky", "m2"]
+    );
+    assert!(
+        settled_held.is_empty(),
+        "settled while held: {settled_held:?}"
+    );
+    assert!(
+        committed_held.is_none_or(|o| o <= 0),
+        "committed while nothing was stored: {committed_held:?}"
+    );
+    assert!(all_settled, "{:?}", settled.lock().unwrap());
+    assert_eq!(*settled.lock().unwrap(), ["m0", "flaky", "m2"]);
+    assert!(
+        stored,
+        "committed: {:?}",
+        committed(&brokers, &group, &topic)
+    );
+}

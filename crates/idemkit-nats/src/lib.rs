@@ -27,11 +27,14 @@
 //!   broker makes. A redelivery (a crashed worker, an expired `ack_wait`) starts again; set
 //!   the consumer's `max_deliver` well above `max_deliveries` only as a last resort
 //!   against a message that crashes its worker.
-//! - **Concurrency.** Up to [`concurrency`](JetStreamRunner::concurrency) messages are
-//!   handled at once (JetStream has no partitions; use `max_ack_pending` on the consumer for
-//!   a broker-side bound), and the runner asks the server for no more messages per pull than
-//!   that: a message never waits in the client's buffer long enough for its `ack_wait` to
-//!   run out before it starts.
+//! - **Concurrency.** Up to [`concurrency`](JetStreamRunner::concurrency) handlers run at
+//!   once (JetStream has no partitions; use `max_ack_pending` on the consumer for a
+//!   broker-side bound). A handler that returned a value gives its place to the next message
+//!   while its result is stored and its message acked, so completions overlap the next
+//!   handlers; at most four times `concurrency` messages are in the runner in all. The
+//!   runner asks the server for no more messages per pull than `concurrency`: a message
+//!   never waits in the client's buffer long enough for its `ack_wait` to run out before it
+//!   starts.
 //! - **Shutdown.** [`JetStreamRunner::run`] stops pulling when its `shutdown` future
 //!   completes and lets the running handlers finish and settle. Messages pulled but not yet
 //!   started are not acked: the broker redelivers them after `ack_wait`.
@@ -144,7 +147,8 @@ where
         }
     }
 
-    /// How many messages are handled at once (16 by default).
+    /// How many handlers run at once (16 by default); up to four times as many messages are
+    /// in the runner, those beyond it between their handler and their ack.
     pub fn concurrency(mut self, n: usize) -> Self {
         self.concurrency = n.max(1);
         self
@@ -204,10 +208,20 @@ where
             .messages()
             .await?;
         let stopping = shared.stopping.clone();
+        // A handler's slot: held while it runs, given back once it returned a value (its
+        // result then goes to the store and the message is acked, while the next handler
+        // runs). A message's place: held until it is acked, at most four per slot, so a slow
+        // store cannot pile up messages whose ack_wait runs.
         let slots = Arc::new(Semaphore::new(self.concurrency));
+        let places = Arc::new(Semaphore::new(self.concurrency * PLACES_PER_SLOT));
         let mut tasks = JoinSet::new();
         tokio::pin!(shutdown);
         loop {
+            let place = tokio::select! {
+                biased;
+                () = &mut shutdown => break,
+                place = places.clone().acquire_owned() => place.expect("never closed"),
+            };
             let slot = tokio::select! {
                 biased;
                 () = &mut shutdown => break,
@@ -227,8 +241,10 @@ where
                 Some(Ok(m)) => {
                     let shared = shared.clone();
                     tasks.spawn(async move {
-                        handle(&shared, m).await;
-                        drop(slot);
+                        // The slot goes with the handler's value; if none comes (a failure
+                        // retried, a replay), with the message's settlement.
+                        handle(&shared, m, move || drop(slot)).await;
+                        drop(place);
                     });
                 }
             }
@@ -243,7 +259,11 @@ where
     }
 }
 
-async fn handle<S, K, H>(shared: &Shared<S, K, H>, message: Message)
+/// How many messages may be in the runner per handler slot: handled, or on their way to
+/// the store and to their ack.
+const PLACES_PER_SLOT: usize = 4;
+
+async fn handle<S, K, H>(shared: &Shared<S, K, H>, message: Message, handled: impl FnOnce() + Send)
 where
     S: Store + Send + Sync + 'static,
     K: Fn(&Message) -> Result<Key, KeyError> + Send + Sync + 'static,
@@ -259,7 +279,11 @@ where
     };
     // The first try and every retry in process, with in-progress acks beside them.
     let work = async {
-        let first = shared.settler.processor().process(&message, 1).await;
+        let first = shared
+            .settler
+            .processor()
+            .process_signalled(&message, None, 1, handled)
+            .await;
         shared
             .settler
             .settle(&transport, &message, delivered, first, go_on)

@@ -282,3 +282,63 @@ async fn a_message_waiting_on_a_dead_owner_goes_on_when_the_owner_is_released() 
     task.await.unwrap().unwrap();
     assert!(went_on, "the message did not go on after the release");
 }
+
+/// Issue 26: a handler that returned a value gives its place to the next message while its
+/// result goes to the store: with one handler at a time and every completion held by the
+/// store, all three handlers run, none is acked; opened, all three settle.
+///
+/// Before (a place was held until the ack): only the first handler ran while its completion
+/// was held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_next_handler_runs_while_a_result_is_stored() {
+    let Some(url) = server() else { return };
+    let (js, subject, consumer) = consumer(&url, Duration::from_secs(30), 5).await;
+    for m in ["a", "b", "c"] {
+        publish(&js, &subject, m).await;
+    }
+    let store = Probe::new(MemoryStore::new());
+    store.hold_complete();
+    let handled = Arc::new(Mutex::new(Vec::new()));
+    let processor = {
+        let handled = handled.clone();
+        Processor::new(
+            Coordinator::new(store.clone()),
+            op(),
+            |m: &Message| Key::new(body(m)),
+            move |m: Message, _| {
+                let handled = handled.clone();
+                async move {
+                    handled.lock().unwrap().push(body(&m));
+                    Ok::<_, std::io::Error>(body(&m))
+                }
+            },
+        )
+    };
+    let log: Log = Arc::default();
+    let runner = logged(
+        JetStreamRunner::new(consumer, processor).concurrency(1),
+        &log,
+    );
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let s = stop.clone();
+    let task = tokio::spawn(runner.run(async move { s.notified().await }));
+    let all_ran = idemkit_test::eventually(Duration::from_secs(30), || async {
+        handled.lock().unwrap().len() == 3
+    })
+    .await;
+    let ran_held = handled.lock().unwrap().clone();
+    let settled_held = log.lock().unwrap().len();
+    store.open_complete();
+    let all_settled = idemkit_test::eventually(Duration::from_secs(30), || async {
+        log.lock().unwrap().len() == 3
+    })
+    .await;
+    stop.notify_one();
+    task.await.unwrap().unwrap();
+    assert!(
+        all_ran,
+        "with completions held, the handlers that ran: {ran_held:?}"
+    );
+    assert_eq!(settled_held, 0, "settled while every completion was held");
+    assert!(all_settled, "{:?}", log.lock().unwrap());
+}

@@ -257,11 +257,57 @@ impl<S: Store, K, H> Processor<S, K, H> {
         K: Fn(&M) -> Result<Key, KeyError>,
         H: Handle<M>,
     {
+        self.process_signalled(message, prepared, delivery, || {})
+            .await
+    }
+
+    /// [`process_prepared`](Processor::process_prepared), calling `handled` the moment the
+    /// handler returned a value, before that value is stored: the effect has happened, and
+    /// what is left is the completion's round trip. A runner that keeps a partition's
+    /// order starts the partition's next message then, so that completions overlap the next
+    /// handler (idemkit-kafka). `handled` is not called when the handler fails or panics
+    /// (its message is retried before any later one), nor when it does not run (a replay,
+    /// an owner in flight, an error before the action).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicBool, Ordering};
+    /// use idemkit_core::{Coordinator, Key, MemoryStore, Operation};
+    /// use idemkit_runner::Processor;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
+    /// let processor = Processor::new(
+    ///     Coordinator::new(MemoryStore::new()),
+    ///     Operation::new("mail.invoice")?,
+    ///     |order: &String| Key::compose([order.as_str(), "invoice"]),
+    ///     |order: String, _attempt| async move { Ok::<_, std::io::Error>(format!("em_{order}")) },
+    /// );
+    /// let handled = AtomicBool::new(false);
+    /// let message = "order-9".to_string();
+    /// processor.process_signalled(&message, None, 1, || handled.store(true, Ordering::SeqCst)).await;
+    /// assert!(handled.load(Ordering::SeqCst));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # })?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub async fn process_signalled<M>(
+        &self,
+        message: &M,
+        prepared: Option<Prepared<S>>,
+        delivery: u32,
+        handled: impl FnOnce() + Send,
+    ) -> Processed<H::Output>
+    where
+        M: Clone,
+        K: Fn(&M) -> Result<Key, KeyError>,
+        H: Handle<M>,
+    {
         if !self.protected {
-            return self.unprotected(message, delivery).await;
+            return self.unprotected(message, delivery, handled).await;
         }
         match (self.key)(message) {
-            Ok(key) => self.run(message, &key, prepared, delivery).await,
+            Ok(key) => self.run(message, &key, prepared, delivery, handled).await,
             Err(e) => self.key_failed(&e),
         }
     }
@@ -333,6 +379,7 @@ impl<S: Store, K, H> Processor<S, K, H> {
         key: &Key,
         prepared: Option<Prepared<S>>,
         delivery: u32,
+        handled: impl FnOnce() + Send,
     ) -> Processed<H::Output>
     where
         M: Clone,
@@ -345,7 +392,16 @@ impl<S: Store, K, H> Processor<S, K, H> {
         if let Some(ttl) = self.ttl {
             call = call.ttl(ttl);
         }
-        let action = |attempt| self.handler.handle(message.clone(), attempt);
+        let action = |attempt| {
+            let handling = self.handler.handle(message.clone(), attempt);
+            async move {
+                let result = handling.await;
+                if result.is_ok() {
+                    handled();
+                }
+                result
+            }
+        };
         // A panicking handler is a failing handler (retried, then dead-lettered), never a
         // dead runner task; the coordinator has released its key.
         let result = match prepared {
@@ -367,7 +423,12 @@ impl<S: Store, K, H> Processor<S, K, H> {
         self.settled(failed, delivery)
     }
 
-    async fn unprotected<M>(&self, message: &M, delivery: u32) -> Processed<H::Output>
+    async fn unprotected<M>(
+        &self,
+        message: &M,
+        delivery: u32,
+        on_value: impl FnOnce(),
+    ) -> Processed<H::Output>
     where
         M: Clone,
         H: Handle<M>,
@@ -376,6 +437,9 @@ impl<S: Store, K, H> Processor<S, K, H> {
             unwind::catch(self.handler.handle(message.clone(), Attempt::unprotected())).await;
         match handled {
             Ok(result) => {
+                if result.is_ok() {
+                    on_value();
+                }
                 let result = result
                     .map(|v| Receipt::new(v, Source::Unprotected, None))
                     .map_err(Error::Action);
