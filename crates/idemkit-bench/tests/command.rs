@@ -11,19 +11,24 @@ use idemkit_test::redis_server::RedisProcess;
 fn the_benchmark_writes_its_tables_and_plots() {
     let server = RedisProcess::start(&[]);
     let dir = std::env::temp_dir().join(format!("idemkit-bench-{:x}", fastrand::u64(..)));
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemkit-bench"))
-        .args([
-            "--store",
-            &server.url(),
-            "--ops",
-            "640",
-            "--rounds",
-            "1",
-            "--out",
-        ])
-        .arg(&dir)
-        .output()
-        .unwrap();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_idemkit-bench"));
+    cmd.args([
+        "--store",
+        &server.url(),
+        "--ops",
+        "640",
+        "--rounds",
+        "1",
+        "--out",
+    ])
+    .arg(&dir);
+    // The consumer cases, on the brokers scripts/test provides (small).
+    let brokers = std::env::var("IDEMKIT_KAFKA_BROKERS").ok();
+    let nats = std::env::var("IDEMKIT_NATS_URL").ok();
+    if let (Some(b), Some(n)) = (&brokers, &nats) {
+        cmd.args(["--kafka", b, "--jetstream", n, "--kafka-messages", "500"]);
+    }
+    let out = cmd.output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     // Progress is shown, case by case.
@@ -35,7 +40,11 @@ fn the_benchmark_writes_its_tables_and_plots() {
         "| c=64 hits/s: idemkit / the fastest Rust peer | ",
         "| c=1 hit p50 / one GET's p50 (interleaved) | ",
         "| c=1 miss p50 / two GETs' p50 (interleaved) | ",
-        "| idemkit MemoryStore hit, one task (wall time per call, timing included) | ",
+        "| idemkit MemoryStore hit, one task (wall time per call, calls not timed one by one) | ",
+        "| idemkit MemoryStore miss, one task (wall time per call, calls not timed one by one) | ",
+        "| Redis CPU per coalesced miss, c=64 (`INFO cpu`) | ",
+        "| Encryption (idemkit-seal) on a MemoryStore hit: time per call, encrypted / plain | ",
+        "| Encryption (idemkit-seal) on Redis, c=64 misses/s: encrypted / plain | ",
         "| idemkit miss, batches of 64 | 64 | ",
         "| idempotent miss | 64 | ",
         "| idemkit MemoryStore | 1.00 | ",
@@ -43,6 +52,18 @@ fn the_benchmark_writes_its_tables_and_plots() {
         "![redis-throughput-c64.svg](redis-throughput-c64.svg)",
     ] {
         assert!(results.contains(line), "no {line:?} in\n{results}");
+    }
+    if brokers.is_some() && nats.is_some() {
+        for line in [
+            "| Kafka runner, 1 ms handler: idemkit (Redis) / idempotency off | ",
+            "| JetStream runner, 1 ms handler: idemkit (Redis) / idempotency off | ",
+            "## Kafka consumer",
+            "| runner + idemkit (Redis), batch 64, 1 ms handler | ",
+            "## JetStream consumer",
+            "| JetStream runner + idemkit (Redis) | ",
+        ] {
+            assert!(results.contains(line), "no {line:?} in\n{results}");
+        }
     }
     // Without --python, no Python ratio is claimed.
     assert!(!results.contains("(Python)"), "{results}");
