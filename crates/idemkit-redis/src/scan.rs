@@ -151,6 +151,11 @@ impl RedisStore {
     }
 }
 
+/// The most `SCAN` calls one page makes, and the most keys one of them asks Redis to examine
+/// (a `SCAN` blocks the server while it examines: 16,384 keys is about a millisecond).
+const SCAN_CALLS_PER_PAGE: usize = 8;
+const SCAN_EXAMINE_MAX: usize = 16_384;
+
 /// Lists the keys under this store's prefix only: other prefixes, other applications' keys
 /// and tombstones are never listed, and [`Scan::remove`] only deletes a record of ours.
 impl Scan for RedisStore {
@@ -169,14 +174,13 @@ impl Scan for RedisStore {
             pattern.push(':');
         }
         pattern.push('*');
-        let mut scan = redis::cmd("SCAN");
-        scan.arg(at)
-            .arg("MATCH")
-            .arg(&pattern)
-            .arg("COUNT")
-            .arg(count.max(1));
+        // `COUNT` is how many keys Redis examines, not how many match: on a server crowded
+        // with other keys, one `SCAN` per page would make a walk of mostly empty pages. A page
+        // keeps calling while it has found fewer than `count`, and examines four times more
+        // keys after a call that found none (growing after a call that found some would let a
+        // page swallow a small keyspace whole).
         let mut conn = self.conn.clone();
-        let (reply, nodes) = match &mut conn {
+        let (route, nodes) = match &mut conn {
             Conn::Cluster(c) => {
                 let nodes = primaries(&mut Conn::Cluster(c.clone())).await?;
                 let Some((host, port)) = nodes.get(node).cloned() else {
@@ -184,13 +188,40 @@ impl Scan for RedisStore {
                 };
                 let route =
                     RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
-                let reply = c.route_command(scan, route).await.map_err(map_err)?;
-                (reply, nodes.len())
+                (Some(route), nodes.len())
             }
-            other => (scan.query_async(other).await.map_err(map_err)?, 1),
+            _ => (None, 1),
         };
-        let (next_at, rkeys): (u64, Vec<String>) = redis::from_redis_value(reply)
-            .map_err(|e| StoreError::new(StoreErrorKind::Other, e))?;
+        let want = count.max(1);
+        let (mut at, mut examine, mut calls) = (at, want, 0);
+        let mut rkeys: Vec<String> = Vec::new();
+        let next_at = loop {
+            let mut scan = redis::cmd("SCAN");
+            scan.arg(at)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(examine);
+            let reply = match (&mut conn, &route) {
+                (Conn::Cluster(c), Some(route)) => c
+                    .route_command(scan, route.clone())
+                    .await
+                    .map_err(map_err)?,
+                (other, _) => scan.query_async(other).await.map_err(map_err)?,
+            };
+            let (next_at, found): (u64, Vec<String>) = redis::from_redis_value(reply)
+                .map_err(|e| StoreError::new(StoreErrorKind::Other, e))?;
+            let empty = found.is_empty();
+            rkeys.extend(found);
+            calls += 1;
+            if next_at == 0 || rkeys.len() >= want || calls == SCAN_CALLS_PER_PAGE {
+                break next_at;
+            }
+            at = next_at;
+            if empty {
+                examine = (examine * 4).min(SCAN_EXAMINE_MAX);
+            }
+        };
         let next = if next_at != 0 {
             Some(ScanCursor::new(format!("{node}:{next_at}")))
         } else if node + 1 < nodes {
