@@ -14,11 +14,10 @@ Usage: python idempotency_kit_peer.py REDIS_URL PREFIX warm|hit|miss|store CONCU
 
 import asyncio
 import itertools
-import json
 import os
 import sys
-import time
 
+from drive import report, timed
 import redis.asyncio as aioredis
 from idempotency_kit import (
     AsyncIdempotencyCoordinator,
@@ -32,23 +31,6 @@ from idempotency_kit.infra.storage.redis.aio.repository import (
 
 async def action():
     return 1
-
-
-async def timed(concurrency, ops, call):
-    per_task = -(-ops // concurrency)
-    latencies = []
-
-    async def task(t):
-        for i in range(per_task):
-            started = time.perf_counter()
-            await call(t * per_task + i)
-            latencies.append(time.perf_counter() - started)
-
-    started = time.perf_counter()
-    await asyncio.gather(*(task(t) for t in range(concurrency)))
-    elapsed = time.perf_counter() - started
-    latencies.sort()
-    return latencies, elapsed
 
 
 async def main():
@@ -78,19 +60,7 @@ async def main():
         await hit(0)
     else:
         latencies, elapsed = await timed(concurrency, ops, {"hit": hit, "miss": miss, "store": store}[mode])
-        print(
-            json.dumps(
-                {
-                    "mode": mode,
-                    "concurrency": concurrency,
-                    "calls": len(latencies),
-                    "ops_per_sec": len(latencies) / elapsed,
-                    "p50_us": latencies[len(latencies) // 2] * 1e6,
-                    "p99_us": latencies[len(latencies) * 99 // 100] * 1e6,
-                }
-            ),
-            flush=True,
-        )
+        report(mode, concurrency, latencies, elapsed)
     await client.aclose()
 
 

@@ -124,6 +124,17 @@ fn targets(
             45.0,
         );
     }
+    // The Python package, issue 27: the same asyncio driver, the same Redis.
+    for kind in ["hit", "miss"] {
+        ratio(
+            format!("c=64 {kind}es/s: idemkit (Python) / idempotency-kit (Python)")
+                .replace("hites", "hits"),
+            ops(report, &format!("idemkit (Python) {kind}"), 64),
+            ops(report, &format!("idempotency-kit (Python) {kind}"), 64),
+            "≥ 5×",
+            5.0,
+        );
+    }
     if let (Some(miss), Some(get)) = (
         find(report, "idemkit miss", 64),
         find(report, "floor: GET", 64),
@@ -481,7 +492,7 @@ fn pct(report: &Report, p: usize) -> f64 {
 }
 
 /// The libraries in the plots, in order: (label, case prefix).
-const LIBRARIES: [(&str, &str); 7] = [
+const LIBRARIES: [(&str, &str); 8] = [
     ("floor: GET", "floor: GET"),
     ("idemkit", "idemkit"),
     ("idemkit, coalescing off", "idemkit miss, coalescing off"),
@@ -489,6 +500,7 @@ const LIBRARIES: [(&str, &str); 7] = [
     ("idempotency-kit (Rust)", "idempotency-kit"),
     ("idempotent (Rust)", "idempotent"),
     ("idempotency-kit (Python)", "idempotency-kit (Python)"),
+    ("idemkit (Python)", "idemkit (Python)"),
 ];
 
 fn series(report: &Report, concurrency: usize, value: impl Fn(&Row) -> f64) -> Vec<Bar> {

@@ -298,8 +298,9 @@ pub(crate) async fn redis_batches(bench: &Bench, url: &str, ops: usize) -> Resul
     })
 }
 
-/// The Python peer, idempotency-kit 0.5.0, run by `python` (a virtual environment's
-/// interpreter that has it) on the same Redis: hit and miss at concurrency 1 and 64.
+/// The Python rows, run by `python` (a virtual environment's interpreter that has
+/// idempotency-kit 0.5.0 and the idemkit wheel) on the same Redis: hit and miss at
+/// concurrency 1 and 64, for the peer and for the Python package.
 ///
 /// # Errors
 ///
@@ -310,71 +311,81 @@ pub(crate) async fn python_peer(
     url: &str,
     ops: usize,
 ) -> Result<Vec<Row>, String> {
-    let prefix = format!("pyik-bench-{:x}:", fastrand::u64(..));
-    python_run(python, url, &prefix, "warm", 1, 1).await?;
     let mut rows = Vec::new();
-    for concurrency in [1, 64] {
-        let n = if concurrency == 1 { ops / 10 } else { ops };
-        for (mode, case) in [
-            ("hit", "idempotency-kit (Python) hit"),
-            ("miss", "idempotency-kit (Python) miss"),
-        ] {
-            eprintln!("  {case}, c={concurrency}, {n} calls");
-            // Client commands per call: 100 sequential calls under MONITOR.
-            let (py, u, p) = (python.to_path_buf(), url.to_string(), prefix.clone());
-            let commands = bench
-                .count_commands(1, move |_| {
-                    let (py, u, p) = (py.clone(), u.clone(), p.clone());
-                    async move {
-                        python_run(&py, &u, &p, mode, 1, 100)
-                            .await
-                            .expect("the Python peer runs");
-                    }
-                })
-                .await?
-                / 100.0;
-            let cpu0 = bench.redis_cpu().await?;
-            let out = python_run(python, url, &prefix, mode, concurrency, n).await?;
-            let cpu = bench.redis_cpu().await? - cpu0;
-            let field = |name: &str| -> Result<f64, String> {
-                let at = out
-                    .find(&format!("\"{name}\": "))
-                    .ok_or_else(|| format!("the Python peer printed no {name}: {out}"))?;
-                let rest = &out[at + name.len() + 4..];
-                let end = rest.find([',', '}']).unwrap_or(rest.len());
-                rest[..end]
-                    .trim()
-                    .parse()
-                    .map_err(|e| format!("{name}: {e}"))
-            };
-            let (ops_per_sec, calls) = (field("ops_per_sec")?, field("calls")?);
-            let us = |v: f64| Duration::from_nanos((v * 1e3) as u64);
-            rows.push(Row {
-                case,
-                concurrency,
-                ops_per_sec,
-                p50: us(field("p50_us")?),
-                p99: us(field("p99_us")?),
-                commands_per_call: commands,
-                redis_usec_per_call: f64::NAN,
-                redis_cpu_usec_per_call: cpu * 1e6 / calls,
-                redis_busy: cpu / (calls / ops_per_sec),
-            });
+    for (script, hit, miss) in [
+        (
+            PEER_SCRIPT,
+            "idempotency-kit (Python) hit",
+            "idempotency-kit (Python) miss",
+        ),
+        (
+            PACKAGE_SCRIPT,
+            "idemkit (Python) hit",
+            "idemkit (Python) miss",
+        ),
+    ] {
+        let prefix = format!("pyik-bench-{:x}:", fastrand::u64(..));
+        python_run(python, script, url, &prefix, "warm", 1, 1).await?;
+        for concurrency in [1, 64] {
+            let n = if concurrency == 1 { ops / 10 } else { ops };
+            for (mode, case) in [("hit", hit), ("miss", miss)] {
+                eprintln!("  {case}, c={concurrency}, {n} calls");
+                // Client commands per call: 100 sequential calls under MONITOR.
+                let (py, u, p) = (python.to_path_buf(), url.to_string(), prefix.clone());
+                let commands = bench
+                    .count_commands(1, move |_| {
+                        let (py, u, p) = (py.clone(), u.clone(), p.clone());
+                        async move {
+                            python_run(&py, script, &u, &p, mode, 1, 100)
+                                .await
+                                .expect("the Python peer runs");
+                        }
+                    })
+                    .await?
+                    / 100.0;
+                let cpu0 = bench.redis_cpu().await?;
+                let out = python_run(python, script, url, &prefix, mode, concurrency, n).await?;
+                let cpu = bench.redis_cpu().await? - cpu0;
+                let field = |name: &str| -> Result<f64, String> {
+                    let at = out
+                        .find(&format!("\"{name}\": "))
+                        .ok_or_else(|| format!("the Python peer printed no {name}: {out}"))?;
+                    let rest = &out[at + name.len() + 4..];
+                    let end = rest.find([',', '}']).unwrap_or(rest.len());
+                    rest[..end]
+                        .trim()
+                        .parse()
+                        .map_err(|e| format!("{name}: {e}"))
+                };
+                let (ops_per_sec, calls) = (field("ops_per_sec")?, field("calls")?);
+                let us = |v: f64| Duration::from_nanos((v * 1e3) as u64);
+                rows.push(Row {
+                    case,
+                    concurrency,
+                    ops_per_sec,
+                    p50: us(field("p50_us")?),
+                    p99: us(field("p99_us")?),
+                    commands_per_call: commands,
+                    redis_usec_per_call: f64::NAN,
+                    redis_cpu_usec_per_call: cpu * 1e6 / calls,
+                    redis_busy: cpu / (calls / ops_per_sec),
+                });
+            }
         }
     }
     Ok(rows)
 }
 
-/// The peer's script path (beside this crate's sources, so the command works from a clone).
-fn python_script() -> &'static str {
-    concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/python/idempotency_kit_peer.py"
-    )
-}
+/// The scripts' paths (beside this crate's sources, so the command works from a clone).
+const PEER_SCRIPT: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/python/idempotency_kit_peer.py"
+);
+const PACKAGE_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/python/idemkit_python_peer.py");
 
 async fn python_run(
     python: &Path,
+    script: &str,
     url: &str,
     prefix: &str,
     mode: &str,
@@ -382,7 +393,7 @@ async fn python_run(
     ops: usize,
 ) -> Result<String, String> {
     let out = tokio::process::Command::new(python)
-        .arg(python_script())
+        .arg(script)
         .args([
             url,
             prefix,
@@ -494,7 +505,7 @@ pub(crate) async fn redis_record_bytes(
     if let Some(python) = python {
         let before = bench.keys().await?;
         let prefix = format!("pyik-bytes-{run}:");
-        python_run(python, url, &prefix, "store", 1, N).await?;
+        python_run(python, PEER_SCRIPT, url, &prefix, "store", 1, N).await?;
         out.push(
             bench
                 .new_keys_usage("idempotency-kit (Python)", &before, N)

@@ -1,0 +1,271 @@
+"""The idempotency-kit drop-in: its public API on the idemkit core.
+
+The scenarios of idempotency-kit 0.5.0's own suite that apply (the decorator's coordinator
+and key lookup, the in-flight modes, fingerprints, adapters, TTL bounds, validation), ported
+to a real store instead of mocks; the seed's scenarios are in test_seed.py.
+"""
+
+import asyncio
+import logging
+
+import pytest
+from conftest import REDIS_URL, unique
+
+import idemkit as ik
+
+
+def coordinator(**options) -> ik.AsyncIdempotencyCoordinator:
+    return ik.AsyncIdempotencyCoordinator(ik.MemoryIdempotencyRepository(), ik.IdempotencyDomainService(), **options)
+
+
+class Counter:
+    def __init__(self, delay: float = 0.0) -> None:
+        self.calls: list[tuple] = []
+        self.delay = delay
+
+    async def __call__(self, *args, **kwargs):
+        self.calls.append((args, kwargs))
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        return {"n": len(self.calls)}
+
+
+async def test_coordinate_runs_once_and_replays_the_adapted_result():
+    c, action = coordinator(), Counter()
+    first = await c.coordinate("user.create", "k-1", 3600, ik.JsonResultAdapter(), action, 7, name="x")
+    again = await c.coordinate("user.create", "k-1", 3600, ik.JsonResultAdapter(), action, 7, name="x")
+    assert first == again == {"n": 1}
+    assert action.calls == [((7,), {"name": "x"})]
+
+
+async def test_a_none_key_or_a_disabled_coordinator_runs_the_action_plainly():
+    action = Counter()
+    await coordinator().coordinate("op", None, 60, ik.JsonResultAdapter(), action)
+    await coordinator().coordinate("op", None, 60, ik.JsonResultAdapter(), action)
+    off = coordinator(enabled=False)
+    await off.coordinate("op", "k", 60, ik.JsonResultAdapter(), action)
+    await off.coordinate("op", "k", 60, ik.JsonResultAdapter(), action)
+    assert len(action.calls) == 4
+
+
+async def test_invalid_identifiers_raise_validation_error_before_the_action():
+    action = Counter()
+    for op, key in [("", "k"), ("op", ""), ("op", "k" * 1000)]:
+        with pytest.raises(ik.IdempotencyValidationError):
+            await coordinator().coordinate(op, key, 60, ik.JsonResultAdapter(), action)
+    assert action.calls == []
+
+
+async def test_ttl_outside_the_domain_bounds_raises_and_nothing_runs():
+    action = Counter()
+    with pytest.raises(ik.IdempotencyInvalidTTLError):
+        await coordinator().coordinate("op", "k", 10, ik.JsonResultAdapter(), action)
+    with pytest.raises(ik.IdempotencyInvalidTTLError):
+        await coordinator().coordinate("op", "k", 31 * 86400, ik.JsonResultAdapter(), action)
+    assert action.calls == []
+    with pytest.raises(ik.IdempotencyValidationError):
+        ik.IdempotencyDomainService(default_ttl_minutes=0)
+
+
+async def test_in_flight_wait_gives_both_callers_the_first_result():
+    c, action = coordinator(), Counter(delay=0.2)
+    a, b = await asyncio.gather(
+        c.coordinate("op", "k", 60, ik.JsonResultAdapter(), action),
+        c.coordinate("op", "k", 60, ik.JsonResultAdapter(), action),
+    )
+    assert a == b == {"n": 1}
+    assert len(action.calls) == 1
+
+
+async def test_in_flight_raise_refuses_the_second_caller():
+    c, action = coordinator(in_flight="raise"), Counter(delay=0.2)
+    first = asyncio.create_task(c.coordinate("op", "k", 60, ik.JsonResultAdapter(), action))
+    await asyncio.sleep(0.05)
+    with pytest.raises(ik.IdempotencyInProgressError) as raised:
+        await c.coordinate("op", "k", 60, ik.JsonResultAdapter(), action)
+    assert (raised.value.operation, raised.value.key) == ("op", "k")
+    assert await first == {"n": 1}
+    assert await c.coordinate("op", "k", 60, ik.JsonResultAdapter(), action) == {"n": 1}
+
+
+async def test_in_flight_run_runs_the_duplicate_too():
+    c, action = coordinator(in_flight="run"), Counter(delay=0.1)
+    await asyncio.gather(
+        c.coordinate("op", "k", 60, ik.JsonResultAdapter(), action),
+        c.coordinate("op", "k", 60, ik.JsonResultAdapter(), action),
+    )
+    assert len(action.calls) == 2
+
+
+async def test_an_action_longer_than_the_lease_is_renewed_not_duplicated():
+    c, action = coordinator(in_flight="raise", in_flight_lease_seconds=1), Counter(delay=2.5)
+    first = asyncio.create_task(c.coordinate("op", "k", 60, ik.JsonResultAdapter(), action))
+    await asyncio.sleep(1.8)  # past the first lease: only renewal keeps the key
+    with pytest.raises(ik.IdempotencyInProgressError):
+        await c.coordinate("op", "k", 60, ik.JsonResultAdapter(), action)
+    assert await first == {"n": 1}
+    assert len(action.calls) == 1
+
+
+async def test_a_failed_action_releases_the_key_and_is_not_cached():
+    c = coordinator()
+    calls = []
+
+    async def flaky():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("boom")
+        return "ok"
+
+    with pytest.raises(RuntimeError):
+        await c.coordinate("op", "k", 60, ik.JsonResultAdapter(), flaky)
+    assert await c.coordinate("op", "k", 60, ik.JsonResultAdapter(), flaky) == "ok"
+    assert await c.coordinate("op", "k", 60, ik.JsonResultAdapter(), flaky) == "ok"
+    assert len(calls) == 2
+
+
+async def test_a_fingerprint_mismatch_raises_key_reuse_with_both_fingerprints_absent_or_equal_passing():
+    c, action = coordinator(), Counter()
+    a = ik.fingerprint_of(amount=100, currency="EUR")
+    assert a == ik.fingerprint_of(currency="EUR", amount=100)
+    await c.coordinate("charge", "k", 60, ik.JsonResultAdapter(), action, idempotency_fingerprint=a)
+    with pytest.raises(ik.IdempotencyKeyReuseError):
+        await c.coordinate(
+            "charge", "k", 60, ik.JsonResultAdapter(), action, idempotency_fingerprint=ik.fingerprint_of(amount=200)
+        )
+    assert await c.coordinate("charge", "k", 60, ik.JsonResultAdapter(), action, idempotency_fingerprint=a) == {"n": 1}
+    assert len(action.calls) == 1
+
+
+async def test_void_and_pydantic_adapters_round_trip():
+    pydantic = pytest.importorskip("pydantic")
+
+    class User(pydantic.BaseModel):
+        id: int
+        name: str
+
+    c = coordinator()
+
+    async def make():
+        return User(id=1, name="ann")
+
+    async def nothing():
+        return None
+
+    adapter = ik.PydanticResultAdapter(User)
+    assert await c.coordinate("u", "k", 60, adapter, make) == await c.coordinate("u", "k", 60, adapter, make)
+    assert isinstance(await c.coordinate("u", "k", 60, adapter, make), User)
+    assert await c.coordinate("v", "k", 60, ik.VoidResultAdapter(), nothing) is None
+    with pytest.raises(ik.IdempotencyValidationError):
+        adapter.encode(None)
+
+
+# -- the decorator (idempotency-kit's tests/unit/core/test_idempotent.py, on a real store) --
+
+
+async def test_decorator_finds_the_coordinator_among_the_arguments():
+    c, calls = coordinator(), []
+
+    @ik.async_idempotent(operation="test.op", adapter=ik.JsonResultAdapter())
+    async def my_func(idempotency_key, coord):
+        calls.append(idempotency_key)
+        return "ok"
+
+    assert await my_func(idempotency_key="test-key", coord=c) == "ok"
+    assert await my_func("test-key", c) == "ok"  # a positional key
+    assert calls == ["test-key"]
+
+
+async def test_decorator_finds_the_coordinator_by_infra_param_or_on_self():
+    c, calls = coordinator(), []
+
+    class Service:
+        def __init__(self, coordinator):
+            self._idempotency = coordinator
+
+        @ik.async_idempotent(operation="test.op", adapter=ik.JsonResultAdapter(), infra_param="_idempotency")
+        async def named(self, *, idempotency_key=None):
+            calls.append("named")
+            return "ok"
+
+        @ik.async_idempotent(operation="test.other", adapter=ik.JsonResultAdapter())
+        async def by_type(self, idempotency_key=None):
+            calls.append("by_type")
+            return "ok"
+
+    s = Service(c)
+    for _ in range(2):
+        await s.named(idempotency_key="k")
+        await s.by_type(idempotency_key="k")
+    assert calls == ["named", "by_type"]
+
+
+async def test_decorator_without_key_or_coordinator_runs_directly_and_warns(caplog):
+    calls = []
+
+    @ik.async_idempotent(operation="test.op", adapter=ik.JsonResultAdapter())
+    async def my_func(payload, *, idempotency_key=None):
+        calls.append(payload)
+        return "direct"
+
+    with caplog.at_level(logging.WARNING, logger="idemkit"):
+        assert await my_func("a") == "direct"
+        assert await my_func("b", idempotency_key="k") == "direct"
+    assert calls == ["a", "b"]
+    assert [r.message for r in caplog.records] == [
+        "No idempotency coordinator found; running the operation without idempotency"
+    ]
+
+
+async def test_decorator_fingerprints_the_named_parameters():
+    c, calls = coordinator(), []
+
+    @ik.async_idempotent(operation="charge", adapter=ik.JsonResultAdapter(), fingerprint_params=("amount",))
+    async def charge(idempotency_key, amount, coord, note="x"):
+        calls.append(amount)
+        return amount
+
+    assert await charge("k", 100, c) == 100
+    assert await charge("k", 100, c, note="other") == 100
+    with pytest.raises(ik.IdempotencyKeyReuseError):
+        await charge("k", 200, c)
+    assert calls == [100]
+    with pytest.raises(TypeError):
+
+        @ik.async_idempotent(operation="x", adapter=ik.JsonResultAdapter(), fingerprint_params=("missing",))
+        async def bad(idempotency_key):
+            return None
+
+
+async def test_the_redis_repository_takes_a_redis_py_client():
+    redis = pytest.importorskip("redis.asyncio")
+    client = redis.from_url(REDIS_URL)
+    try:
+        await client.ping()
+    except Exception as e:  # noqa: BLE001
+        from conftest import _require
+
+        _require(f"redis at {REDIS_URL}", e)
+    repo = ik.RedisAsyncIdempotencyRepository(client, key_prefix=unique("compat") + ":")
+    c, action = ik.AsyncIdempotencyCoordinator(repo, ik.IdempotencyDomainService()), Counter()
+    assert await c.coordinate("op", "k", 60, ik.JsonResultAdapter(), action) == {"n": 1}
+    assert await c.coordinate("op", "k", 60, ik.JsonResultAdapter(), action) == {"n": 1}
+    assert len(action.calls) == 1
+    await client.aclose()
+
+
+def test_the_import_paths_of_idempotency_kit_exist():
+    from idemkit.infra.storage.redis.aio.repository import RedisAsyncIdempotencyRepository
+
+    assert RedisAsyncIdempotencyRepository is ik.RedisAsyncIdempotencyRepository
+    for name in [
+        "IdempotencyError",
+        "IdempotencyInProgressError",
+        "IdempotencyInvalidTTLError",
+        "IdempotencyKeyCollisionError",
+        "IdempotencyKeyReuseError",
+        "IdempotencyRecordExpiredError",
+        "IdempotencyStorageError",
+        "IdempotencyValidationError",
+    ]:
+        assert issubclass(getattr(ik, name), ik.IdempotencyError)

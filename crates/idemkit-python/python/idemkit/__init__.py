@@ -1,0 +1,117 @@
+"""idemkit: effects that happen once under at-least-once delivery, on the idemkit Rust core.
+
+    coordinator = idemkit.Coordinator(await idemkit.RedisStore.connect("redis://127.0.0.1:6379"))
+    receipt = await coordinator.call("mail.invoice", "order-9.invoice", ttl=86400).run(send_invoice, 9)
+
+The action receives its ``Attempt`` (fencing token, downstream key, lease) first. Records are
+the Rust crate's: a Python worker and a Rust service on one store deduplicate each other.
+The idempotency-kit API (``AsyncIdempotencyCoordinator.coordinate``, ``async_idempotent``,
+its adapters and exceptions) is here too, for code written for it: see ``idemkit.compat``.
+"""
+
+from ._coordinator import (
+    DEFAULT_TTL,
+    Attempt,
+    Call,
+    Coordinator,
+    MemoryStore,
+    PostgresStore,
+    RedisStore,
+    Store,
+)
+from ._errors import (
+    ConfigError,
+    DecodeError,
+    IdemkitError,
+    InProgress,
+    InvalidKey,
+    InvalidTTL,
+    KeyCollision,
+    KeyReused,
+    RecordExpired,
+    ResultUnavailable,
+    StoreError,
+    StoreUnavailable,
+)
+from .inbox import Inbox
+from .codecs import BYTES, JSON, BytesCodec, Codec, JsonCodec, PydanticCodec
+from .compat import (
+    AsyncIdempotencyCoordinator,
+    AsyncIdempotencyRepository,
+    IdempotencyDomainService,
+    IdempotencyMetricsProtocol,
+    JsonResultAdapter,
+    MemoryIdempotencyRepository,
+    NoOpIdempotencyMetrics,
+    PostgresIdempotencyRepository,
+    PydanticResultAdapter,
+    RedisAsyncIdempotencyRepository,
+    ResultAdapter,
+    VoidResultAdapter,
+    async_idempotent,
+    fingerprint_of,
+)
+
+# idempotency-kit's exception names, for code that catches them.
+IdempotencyError = IdemkitError
+IdempotencyInProgressError = InProgress
+IdempotencyKeyReuseError = KeyReused
+IdempotencyStorageError = StoreError
+IdempotencyValidationError = InvalidKey
+IdempotencyInvalidTTLError = InvalidTTL
+IdempotencyKeyCollisionError = KeyCollision
+IdempotencyRecordExpiredError = RecordExpired
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BYTES",
+    "DEFAULT_TTL",
+    "JSON",
+    "AsyncIdempotencyCoordinator",
+    "AsyncIdempotencyRepository",
+    "Attempt",
+    "BytesCodec",
+    "Call",
+    "Codec",
+    "ConfigError",
+    "Coordinator",
+    "DecodeError",
+    "IdemkitError",
+    "IdempotencyDomainService",
+    "IdempotencyError",
+    "IdempotencyInProgressError",
+    "IdempotencyInvalidTTLError",
+    "IdempotencyKeyCollisionError",
+    "IdempotencyKeyReuseError",
+    "IdempotencyMetricsProtocol",
+    "IdempotencyRecordExpiredError",
+    "IdempotencyStorageError",
+    "IdempotencyValidationError",
+    "InProgress",
+    "Inbox",
+    "InvalidKey",
+    "InvalidTTL",
+    "JsonCodec",
+    "JsonResultAdapter",
+    "KeyCollision",
+    "KeyReused",
+    "MemoryIdempotencyRepository",
+    "MemoryStore",
+    "NoOpIdempotencyMetrics",
+    "PostgresIdempotencyRepository",
+    "PostgresStore",
+    "PydanticCodec",
+    "PydanticResultAdapter",
+    "RecordExpired",
+    "RedisAsyncIdempotencyRepository",
+    "RedisStore",
+    "ResultAdapter",
+    "ResultUnavailable",
+    "Store",
+    "StoreError",
+    "StoreUnavailable",
+    "VoidResultAdapter",
+    "async_idempotent",
+    "fingerprint_of",
+]

@@ -1,0 +1,108 @@
+"""The exceptions of idemkit: one per kind of the Rust core's ``Error``.
+
+Each also carries the name idempotency-kit gives the same condition (``IdempotencyError``,
+``IdempotencyInProgressError`` ...), so that code written for that library catches ours.
+"""
+
+from __future__ import annotations
+
+
+class IdemkitError(Exception):
+    """Every error of idemkit. Nothing ran when one is raised, unless its class says so."""
+
+    #: The call's operation and key, when the error belongs to a call.
+    operation: str | None = None
+    key: str | None = None
+
+
+class InvalidKey(IdemkitError, ValueError):
+    """An operation, key, scope or fingerprint failed validation; nothing ran."""
+
+    def __init__(self, message: str, errors: list | None = None) -> None:
+        super().__init__(message)
+        self.errors = errors or []
+
+
+class ConfigError(IdemkitError, ValueError):
+    """The call's policy cannot work (a TTL above the store's maximum, ...); nothing ran."""
+
+
+class InProgress(IdemkitError):
+    """Another caller holds the key (``in_flight="reject"``, or a wait that timed out); nothing ran.
+
+    ``retry_after`` is when to come back, in seconds: a queue worker requeues with it, an HTTP
+    handler answers 409 with ``Retry-After``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        retry_after: float = 0.0,
+        lease_left: float = 0.0,
+        held_for: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.lease_left = lease_left
+        self.held_for = held_for
+
+
+class KeyReused(IdemkitError):
+    """The key was first used with a different request fingerprint; nothing ran."""
+
+    def __init__(self, message: str, stored_fingerprint: str | None = None, fingerprint: str | None = None) -> None:
+        super().__init__(message)
+        self.stored_fingerprint = stored_fingerprint
+        self.fingerprint = fingerprint
+
+
+class ResultUnavailable(IdemkitError):
+    """The action succeeded on an earlier call but its result could not be stored (too large,
+    or the codec failed): the effect happened, and it does not run again within the TTL."""
+
+
+class DecodeError(IdemkitError):
+    """A stored result could not be decoded with this call's codec (a foreign writer, a
+    changed type); nothing ran."""
+
+
+class StoreError(IdemkitError):
+    """The store failed or answered with something it should not hold (a corrupt record);
+    for the reservation and the wait, nothing ran."""
+
+    def __init__(self, message: str, phase: str | None = None, kind: str | None = None) -> None:
+        super().__init__(message)
+        self.phase = phase
+        self.kind = kind
+        self.original_error = None
+
+
+class StoreUnavailable(StoreError):
+    """The store could not be reached (refused, timed out, down)."""
+
+
+class RecordExpired(IdemkitError):
+    """idempotency-kit's ``IdempotencyRecordExpiredError``: kept for code that catches it.
+    idemkit never raises it (an expired record is simply absent)."""
+
+    def __init__(self, operation: str, key: str) -> None:
+        super().__init__(f"Idempotency record expired for operation '{operation}', key '{key}'")
+        self.operation, self.key = operation, key
+
+
+class KeyCollision(IdemkitError):
+    """idempotency-kit's ``IdempotencyKeyCollisionError``: kept for code that catches it.
+    idemkit never raises it (a collision is a reservation someone else holds: ``InProgress``,
+    or a wait)."""
+
+    def __init__(self, operation: str, key: str | list[str]) -> None:
+        super().__init__(f"Idempotency key collision for operation '{operation}', keys {key!r}")
+        self.operation, self.key = operation, key
+
+
+class InvalidTTL(ConfigError):
+    """A TTL outside the allowed range (not positive, or above the store's maximum)."""
+
+    def __init__(self, ttl_seconds: float, min_ttl: float = 0.0, max_ttl: float = float("inf")) -> None:
+        super().__init__(f"Invalid TTL {ttl_seconds}s. Must be between {min_ttl}s and {max_ttl}s")
+        self.ttl_seconds, self.min_ttl, self.max_ttl = ttl_seconds, min_ttl, max_ttl

@@ -1,0 +1,1 @@
+"""idempotency-kit's module path, for code that imports from it."""
