@@ -1,0 +1,69 @@
+"""Redis Cluster from Python: a three-master cluster of the test's own, from redis-server."""
+
+import asyncio
+import socket
+import subprocess
+import time
+
+import pytest
+from conftest import Mailer, unique
+
+import idemkit
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    ports, servers = [free_port() for _ in range(3)], []
+    try:
+        for port in ports:
+            d = tmp_path_factory.mktemp(f"node-{port}")
+            servers.append(
+                subprocess.Popen(
+                    ["redis-server", "--port", str(port), "--cluster-enabled", "yes", "--save", "",
+                     "--appendonly", "no", "--dir", str(d), "--cluster-config-file", str(d / "nodes.conf")],
+                    stdout=subprocess.DEVNULL,
+                )
+            )
+        for port in ports:
+            for _ in range(100):
+                if subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True).stdout.strip() == "PONG":
+                    break
+                time.sleep(0.05)
+        subprocess.run(
+            ["redis-cli", "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports], "--cluster-replicas", "0", "--cluster-yes"],
+            check=True,
+            capture_output=True,
+        )
+        for _ in range(200):
+            info = subprocess.run(["redis-cli", "-p", str(ports[0]), "cluster", "info"], capture_output=True, text=True).stdout
+            if "cluster_state:ok" in info:
+                break
+            time.sleep(0.05)
+        yield [f"redis://127.0.0.1:{p}" for p in ports]
+    finally:
+        for server in servers:
+            server.kill()
+            server.wait()
+
+
+async def test_a_cluster_runs_each_key_once_and_wakes_its_waiters(cluster):
+    store = await idemkit.RedisStore.connect_cluster(cluster, prefix=unique("pytest"))
+    coordinator = idemkit.Coordinator(store)
+    mailer = Mailer(delay=0.2)
+    # Keys on every master: each is one effect, its duplicates wait for it.
+    keys = [unique(f"order-{i}.invoice") for i in range(12)]
+    results = await asyncio.gather(
+        *(coordinator.call("mail.invoice", k).run(mailer.send_invoice, i) for i, k in enumerate(keys) for _ in range(3))
+    )
+    assert sorted(mailer.sent) == list(range(12))
+    for i in range(12):
+        assert len(set(results[3 * i : 3 * i + 3])) == 1
+    replays = await asyncio.gather(*(coordinator.call("mail.invoice", k).run(mailer.send_invoice, 99) for k in keys))
+    assert replays == results[::3]
+    assert len(mailer.sent) == 12
