@@ -41,3 +41,20 @@ def test_bad_names_are_refused():
         idemkit.Inbox(table='x"; DROP TABLE y; --')
     with pytest.raises(ValueError):
         idemkit.Inbox(retention=0)
+
+
+async def test_the_claim_runs_in_a_psycopg_transaction_too():
+    psycopg = pytest.importorskip("psycopg")
+    await postgres_store()
+    inbox = idemkit.Inbox(table="idemkit_inbox_py")
+    await inbox.migrate(POSTGRES_URL)
+    async with await psycopg.AsyncConnection.connect(POSTGRES_URL) as conn:
+        await conn.execute("CREATE TABLE IF NOT EXISTS py_ledger (message text)")
+        await conn.commit()
+        message = unique("m")
+        for delivery in range(3):
+            async with conn.transaction():
+                if await inbox.claim(conn, "orders", message):
+                    await conn.execute("INSERT INTO py_ledger VALUES (%s)", (message,))
+        cursor = await conn.execute("SELECT count(*) FROM py_ledger WHERE message = %s", (message,))
+        assert (await cursor.fetchone())[0] == 1
