@@ -12,9 +12,19 @@ import idemkit
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port whose cluster-bus port (+10000) exists and is free too."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port > 55000:
+            continue
+        with socket.socket() as bus:
+            try:
+                bus.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
 
 
 @pytest.fixture(scope="module")
@@ -35,11 +45,12 @@ def cluster(tmp_path_factory):
                 if subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True).stdout.strip() == "PONG":
                     break
                 time.sleep(0.05)
-        subprocess.run(
+        created = subprocess.run(
             ["redis-cli", "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports], "--cluster-replicas", "0", "--cluster-yes"],
-            check=True,
             capture_output=True,
+            text=True,
         )
+        assert created.returncode == 0, f"redis-cli --cluster create: {created.stdout}{created.stderr}"
         for _ in range(200):
             info = subprocess.run(["redis-cli", "-p", str(ports[0]), "cluster", "info"], capture_output=True, text=True).stdout
             if "cluster_state:ok" in info:
@@ -50,6 +61,16 @@ def cluster(tmp_path_factory):
         for server in servers:
             server.kill()
             server.wait()
+
+
+def test_a_cluster_port_leaves_room_for_its_bus_port():
+    # Each node also listens on port + 10000 (the cluster bus); a port above 55535 has no
+    # bus port and the node cannot join (CI's failure of stop 32).
+    for _ in range(300):
+        port = free_port()
+        assert port + 10000 <= 65535, port
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port + 10000))
 
 
 async def test_a_cluster_runs_each_key_once_and_wakes_its_waiters(cluster):
