@@ -104,8 +104,11 @@ impl RedisStoreBuilder {
     /// Redis replicates asynchronously: without the guard, a failover that promotes a
     /// replica which missed the last writes loses those reservations and results, and the
     /// action can run again. The guard narrows that window to writes whose acknowledgement
-    /// is still in flight, at the cost of one more round trip on each write phase (hits are
-    /// unaffected). Each guarded write and its `WAIT` run on a connection checked out for
+    /// is still in flight, at the cost of one more round trip on each write phase and on
+    /// each replay: a replay writes its record's expiry again, unchanged, and waits too, so
+    /// that it is called stored only once the replicas have the record (a replay they do not
+    /// acknowledge in time still returns the stored value, with `Receipt::stored` false).
+    /// Each guarded write and its `WAIT` run on a connection checked out for
     /// that call (a small pool, opened on demand), so a slow `WAIT` holds up only its own
     /// caller; on a Cluster `WAIT` goes to the key's primary only.
     ///

@@ -322,7 +322,9 @@ impl RedisStore {
     /// `Store::begin` on one lane.
     async fn begin_on(&self, lane: usize, req: &BeginRequest<'_>) -> Result<Claim, StoreError> {
         let mut rkey = self.redis_key(req.key);
-        if self.shared.replays.likely() {
+        // Not with the durability guard: a replay waits for the replicas (see below), and a
+        // `GET` writes nothing a `WAIT` could count.
+        if self.shared.durable.is_none() && self.shared.replays.likely() {
             // After a run of replays: a `GET` first, answered only by a completed record.
             let mut conn = self.shared.lanes[lane].conn.clone();
             let read: Value = redis::cmd("GET")
@@ -370,10 +372,14 @@ impl RedisStore {
         } else {
             None
         };
+        let script = match self.shared.durable {
+            None => &scripts::BEGIN,
+            Some(_) => &scripts::BEGIN_GUARDED,
+        };
         let (reply, acked) = self
             .eval_guarded(
                 lane,
-                &scripts::BEGIN,
+                script,
                 &rkey,
                 |cmd| {
                     let parts = Parts {
@@ -383,9 +389,13 @@ impl RedisStore {
                     };
                     cmd.arg(Head(&parts)).arg(ms(req.lease)).arg(Rest(&parts));
                 },
-                |reply| matches!(reply, Value::Int(n) if *n > 0),
+                // A reservation, or a completed record (whose expiry the guarded script
+                // wrote again): replicas must have it.
+                |reply| matches!(reply, Value::Int(1..) | Value::BulkString(_)),
             )
             .await?;
+        // A replay the replicas did not acknowledge: its value, called unconfirmed.
+        let unconfirmed = matches!(reply, Value::BulkString(_)) && acked.is_err();
         if let (Value::Int(fencing @ 1..), Err(e)) = (&reply, acked) {
             // Not durable: give the key back, so that nobody waits for a reservation whose
             // caller is told nothing ran (best effort: if this fails too, the lease expires).
@@ -396,7 +406,10 @@ impl RedisStore {
             }
             return Err(e);
         }
-        claim_of(req, reply)
+        match claim_of(req, reply)? {
+            Claim::Replay(replay) if unconfirmed => Ok(Claim::Replay(replay.with_confirmed(false))),
+            claim => Ok(claim),
+        }
     }
 
     /// A script that writes, then the durability guard's `WAIT` if `needs_wait` says the

@@ -28,6 +28,22 @@ impl Lua {
         assert!(source.contains("'PUBLISH'"), "a script that publishes");
         Lua::new(&source.replace("'PUBLISH'", "'SPUBLISH'"))
     }
+
+    /// The durability guard's variant of `begin.lua`: a completed record it returns has its
+    /// expiry written again, unchanged (`PEXPIREAT` of its own `PEXPIRETIME`). That is a
+    /// write Redis replicates after the record's own, so the `WAIT` the guard sends after
+    /// the script counts replicas that have the record: a replay is confirmed durable as a
+    /// completion is, or reported unconfirmed (ARCHITECTURE row 43).
+    fn guarded(source: &str) -> Self {
+        const REPLAY: &str = "    if state == 2 then\n      return v\n";
+        assert!(source.contains(REPLAY), "begin.lua's replay");
+        Lua::new(&source.replacen(
+            REPLAY,
+            "    if state == 2 then\n      local at = redis.call('PEXPIRETIME', key)\n      \
+             if at > 0 then redis.call('PEXPIREAT', key, at) end\n      return v\n",
+            1,
+        ))
+    }
 }
 
 macro_rules! lua {
@@ -37,9 +53,13 @@ macro_rules! lua {
     (sharded $file:literal) => {
         LazyLock::new(|| Lua::sharded(include_str!($file)))
     };
+    (guarded $file:literal) => {
+        LazyLock::new(|| Lua::guarded(include_str!($file)))
+    };
 }
 
 pub(crate) static BEGIN: LazyLock<Lua> = lua!("../lua/begin.lua");
+pub(crate) static BEGIN_GUARDED: LazyLock<Lua> = lua!(guarded "../lua/begin.lua");
 pub(crate) static BEGIN_MANY: LazyLock<Lua> = lua!("../lua/begin_many.lua");
 pub(crate) static RENEW: LazyLock<Lua> = lua!("../lua/renew.lua");
 pub(crate) static COMPLETE: LazyLock<Lua> = lua!("../lua/complete.lua");

@@ -143,3 +143,94 @@ async fn a_slow_wait_does_not_hold_up_the_other_commands() {
         assert!(refused.is_unavailable(), "{refused}");
     }
 }
+
+/// The replica's process id, from its own `INFO server`.
+fn pid_of(port: u16) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "info", "server"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("process_id:"))
+        .expect("process_id")
+        .trim()
+        .to_string()
+}
+
+fn signal(pid: &str, sig: &str) {
+    assert!(
+        Command::new("kill")
+            .args([sig, pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+}
+
+/// The fault run's failover scenario with the guard once lost a result a replay had been
+/// told was stored (seed 300463, job 102): the owner's completion was not acknowledged by
+/// the replica (its receipt said `stored: false`), a second worker replayed the record from
+/// the primary with `stored: true`, and the failover that followed promoted the replica
+/// without it. With the guard, a replay now waits for the replicas as a write does: its
+/// value is returned either way, and its receipt says stored only once they have the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_guard_a_replay_is_stored_only_once_replicated() {
+    let primary = RedisProcess::start(&[]);
+    let replica = RedisProcess::start(&["--replicaof", "127.0.0.1", &primary.port.to_string()]);
+    for _ in 0..400 {
+        if replication_up(replica.port) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(replication_up(replica.port), "the replica did not sync");
+    let op = Operation::new("mail.invoice").unwrap();
+    let key = Key::new("order-9.invoice").unwrap();
+    let guarded = Coordinator::new(
+        RedisStore::builder()
+            .wait_for_replicas(1, Duration::from_millis(200))
+            .connect(&primary.url())
+            .await
+            .unwrap(),
+    );
+    let unguarded = Coordinator::new(RedisStore::connect(&primary.url()).await.unwrap());
+    let runs = AtomicUsize::new(0);
+    let action = |_| async {
+        runs.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, Infallible>("em_1".to_string())
+    };
+
+    // The replica stops acknowledging; a completion is written to the primary only.
+    let pid = pid_of(replica.port);
+    signal(&pid, "-STOP");
+    let written = unguarded.call(&op, &key).run(action).await.unwrap();
+    assert_eq!((written.source, written.stored), (Source::Fresh, true));
+
+    // A guarded replay of it: the value, but not called stored (before: stored).
+    let replay = guarded.call(&op, &key).run(action).await.unwrap();
+    assert_eq!(replay.source, Source::Replayed);
+    assert_eq!(replay.value, "em_1");
+    assert!(
+        !replay.stored,
+        "a replay of a record no replica acknowledged was called stored"
+    );
+
+    // The replica catches up: the same replay is stored.
+    signal(&pid, "-CONT");
+    let mut stored = false;
+    for _ in 0..100 {
+        let again = guarded.call(&op, &key).run(action).await.unwrap();
+        assert_eq!(again.source, Source::Replayed);
+        if again.stored {
+            stored = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        stored,
+        "a replicated record's replay was never called stored"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

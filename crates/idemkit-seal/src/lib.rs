@@ -292,10 +292,10 @@ impl<S> Sealed<S> {
 
     fn open_claim(&self, key: &StorageKey, claim: Claim) -> Result<Claim, StoreError> {
         match claim {
-            Claim::Replay(r) => Ok(Claim::Replay(Replay::new(
-                r.fencing,
-                self.open(key, r.outcome)?,
-            ))),
+            // The inner store's word on durability goes with the opened result.
+            Claim::Replay(r) => Ok(Claim::Replay(
+                Replay::new(r.fencing, self.open(key, r.outcome)?).with_confirmed(r.confirmed),
+            )),
             other => Ok(other),
         }
     }

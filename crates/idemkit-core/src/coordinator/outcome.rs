@@ -135,11 +135,10 @@ impl<S: Store, C, P, K, B> Call<'_, S, C, P, K, B> {
         let bytes = completed.outcome.bytes();
         match completed.outcome.kind() {
             ResultKind::Value => match self.codec.decode(bytes) {
-                Ok(value) => Ok(Receipt::new(
-                    value,
-                    Source::Replayed,
-                    Some(completed.fencing),
-                )),
+                Ok(value) => Ok(
+                    Receipt::new(value, Source::Replayed, Some(completed.fencing))
+                        .with_stored(completed.confirmed),
+                ),
                 Err(e) => Err(Error::Decode(e)),
             },
             ResultKind::PermanentError => match self.errors.decode(&self.codec, bytes) {

@@ -51,7 +51,9 @@ pub struct Receipt<T> {
     /// The fencing token of the reservation that produced the value (none if unprotected).
     pub fencing: Option<FencingToken>,
     /// Whether the store holds this outcome, so that later calls with the key replay it
-    /// instead of running the action: always for a replay, never for an unprotected run,
+    /// instead of running the action: for a replay unless the store could not confirm the
+    /// record durable ([`Replay::confirmed`](crate::Replay::confirmed): Redis' durability
+    /// guard, replicas that did not acknowledge it in time), never for an unprotected run,
     /// and for a fresh run only if its completion was stored (`false`: the store stayed
     /// unreachable until the lease ended, or the lease was lost; the next delivery after
     /// the lease runs the action again, ARCHITECTURE.md rows 7 and 21).

@@ -226,19 +226,46 @@ pub struct Replay {
     pub fencing: FencingToken,
     /// What it stored.
     pub outcome: StoredResult,
+    /// Whether the store holds the record as durably as it holds its own acknowledged
+    /// writes (`true` unless a store says otherwise). `false` from Redis' durability guard
+    /// when the replicas did not acknowledge having the record in time: the value is still
+    /// the stored one, and the replay's [`Receipt::stored`](crate::Receipt::stored) says
+    /// `false`, as an unacknowledged completion's does.
+    pub confirmed: bool,
 }
 
 impl Replay {
-    /// Builds one.
+    /// Builds one, confirmed.
     ///
     /// # Example
     ///
     /// ```
     /// # use idemkit_core::{Replay, FencingToken, ResultKind, StoredResult};
-    /// let _ = Replay::new(FencingToken::new(1), StoredResult::new(ResultKind::Value, ""));
+    /// let r = Replay::new(FencingToken::new(1), StoredResult::new(ResultKind::Value, ""));
+    /// assert!(r.confirmed);
     /// ```
     pub fn new(fencing: FencingToken, outcome: StoredResult) -> Self {
-        Replay { fencing, outcome }
+        Replay {
+            fencing,
+            outcome,
+            confirmed: true,
+        }
+    }
+
+    /// Sets [`confirmed`](Replay::confirmed).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use idemkit_core::{Replay, FencingToken, ResultKind, StoredResult};
+    /// let r = Replay::new(FencingToken::new(1), StoredResult::new(ResultKind::Value, ""))
+    ///     .with_confirmed(false);
+    /// assert!(!r.confirmed);
+    /// ```
+    #[must_use]
+    pub fn with_confirmed(mut self, confirmed: bool) -> Self {
+        self.confirmed = confirmed;
+        self
     }
 }
 
