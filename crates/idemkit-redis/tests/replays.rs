@@ -168,3 +168,47 @@ async fn after_a_run_of_replays_every_other_answer_is_the_scripts() {
     // And the replays still answer with the record.
     assert!(matches!(begin(&store, &hot, None).await, Claim::Replay(_)));
 }
+
+/// On a Cluster the replay read goes to each key's own primary: after a run of replays of
+/// keys on every primary, each replays from its `GET` (no script on any node), and a fresh
+/// key is still reserved.
+#[tokio::test]
+async fn on_a_cluster_a_run_of_replays_reads_each_keys_primary() {
+    let cluster = idemkit_test::redis_server::Cluster::start();
+    let store = RedisStore::builder()
+        .prefix(format!("replays-{:x}", fastrand::u64(..)))
+        .connect_cluster(cluster.urls())
+        .await
+        .unwrap();
+    let mut keys = Vec::new();
+    for i in 0..12 {
+        keys.push(completed(&store, &format!("order-{i}"), &format!("em_{i}")).await);
+    }
+    for n in &cluster.nodes {
+        assert!(
+            idemkit_test::redis_server::dbsize(n.port) > 0,
+            "no key on {}",
+            n.port
+        );
+    }
+    for k in keys.iter().cycle().take(16) {
+        assert!(matches!(begin(&store, k, None).await, Claim::Replay(_)));
+    }
+    let scripts = |c: &idemkit_test::redis_server::Cluster| -> u64 {
+        c.nodes.iter().map(|n| calls(n.port, "evalsha")).sum()
+    };
+    let before = scripts(&cluster);
+    for (i, k) in keys.iter().enumerate() {
+        match begin(&store, k, None).await {
+            Claim::Replay(replay) => {
+                assert_eq!(replay.outcome.bytes(), &Bytes::from(format!("em_{i}")));
+            }
+            other => panic!("{k}: {other:?}"),
+        }
+    }
+    assert_eq!(scripts(&cluster) - before, 0, "a replay ran the script");
+    assert!(matches!(
+        begin(&store, &key("fresh"), None).await,
+        Claim::Reserved { .. }
+    ));
+}
