@@ -51,8 +51,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idemkit_core::{
-    BeginRequest, Claim, CompleteRequest, FencingToken, Ownership, RawStore, Record, RecordState,
-    Replay, StorageKey, Store, StoreError, StoreErrorKind,
+    BeginRequest, Claim, CompleteRequest, FencingToken, Ownership, RawStore, Record, StorageKey,
+    Store, StoreError, StoreErrorKind,
 };
 use redis::{Cmd, Pipeline, Value};
 
@@ -61,6 +61,7 @@ use redis::{Cmd, Pipeline, Value};
 pub use redis;
 
 mod builder;
+mod claim;
 mod coalesce;
 mod conn;
 mod durable;
@@ -76,13 +77,15 @@ mod wake;
 
 pub use builder::{EvictionCheck, RedisStoreBuilder};
 
+use claim::claim_of;
+
 use coalesce::{BeginJob, CompleteJob, Entered, Kind, Lead};
 use conn::Conn;
 use durable::Durable;
 use errors::{int, map_err, owner_checked, unexpected};
 use keys::{channel, key_for, ms};
 use lanes::Lane;
-use scripts::{Done, Head, LeaseArg, Mine, Parts, Rest, clear_watched};
+use scripts::{Done, Head, LeaseArg, Mine, Parts, Rest};
 use wake::Waiters;
 
 /// The bounds a store enforces itself: one call (see `Store::call_timeout`), one response.
@@ -432,68 +435,6 @@ impl RedisStore {
             // every call's future larger, and futures are moved on every call.
             Some(durable) => Box::pin(durable::eval(durable, lua, rkey, args, needs_wait)).await,
         }
-    }
-}
-
-/// The claim a `begin.lua` reply (or one item of `begin_many.lua`'s) stands for.
-fn claim_of(req: &BeginRequest<'_>, reply: Value) -> Result<Claim, StoreError> {
-    match reply {
-        Value::Int(0) => Ok(Claim::Mismatch),
-        Value::Int(fencing) => {
-            let lease = Ownership::new(req.owner, FencingToken::new(fencing as u64));
-            Ok(Claim::Reserved {
-                ownership: lease,
-                // Redis cannot tell an expired reservation from an absent key: PX
-                // removed it. Takeovers are not reported (see DESIGN.md).
-                took_over: false,
-            })
-        }
-        // A completed record to replay (its result shares the reply's buffer) if it was
-        // made for the same fingerprint, or foreign bytes (decoding reports them).
-        Value::BulkString(bytes) => {
-            // The claim never uses the holder: not built (`decode_without_holder`).
-            let record =
-                Record::decode_without_holder(bytes.into()).map_err(StoreError::corrupt)?;
-            match record.state {
-                RecordState::Completed(_) if record.fingerprint != req.fingerprint => {
-                    Ok(Claim::Mismatch)
-                }
-                RecordState::Completed(outcome) => {
-                    Ok(Claim::Replay(Replay::new(record.fencing, outcome)))
-                }
-                _ => Err(StoreError::corrupt("a reservation returned as a result")),
-            }
-        }
-        // A live reservation of another owner, its remaining lease and Redis' clock: in
-        // flight if made for the same fingerprint.
-        Value::Array(mut items) => {
-            let pttl = int(items.get(1))?;
-            let now_us = int(items.get(2))?;
-            let record = match items.first_mut() {
-                Some(Value::BulkString(b)) => {
-                    clear_watched(b);
-                    Record::decode_without_holder(std::mem::take(b).into())
-                        .map_err(StoreError::corrupt)?
-                }
-                other => return Err(unexpected(other.as_deref())),
-            };
-            if record.fingerprint != req.fingerprint {
-                return Ok(Claim::Mismatch);
-            }
-            if pttl < 0 {
-                // We always write reservations with an expiry: one without (PERSIST, a
-                // hand-made SET) would block the key for ever and make waiters spin.
-                return Err(StoreError::corrupt("a reservation without an expiry"));
-            }
-            // The fencing token is Redis' clock in µs when the reservation was made.
-            let held_us = (now_us as u64).saturating_sub(record.fencing.get());
-            Ok(Claim::InFlight {
-                retry_after: Duration::from_millis(pttl as u64),
-                fencing: record.fencing,
-                held_for: Some(Duration::from_micros(held_us)),
-            })
-        }
-        other => Err(unexpected(Some(&other))),
     }
 }
 
