@@ -345,8 +345,13 @@ impl Policy {
     /// How often an owner renews its lease: a third of it, so two renewals can fail (a store
     /// blip) before the lease runs out under a live owner.
     pub(crate) fn renew_every(&self) -> Duration {
-        self.lease / 3
+        renew_every(self.lease)
     }
+}
+
+/// The renewal interval of a lease (see [`Policy::renew_every`]).
+pub(crate) fn renew_every(lease: Duration) -> Duration {
+    lease / 3
 }
 
 impl Default for Policy {

@@ -304,3 +304,111 @@ async fn an_attempt_knows_its_lease_deadline_and_can_refuse_a_late_step() {
     assert_eq!((free.lease_deadline(), free.lease_left()), (None, None));
     assert!(free.check_lease(Duration::from_secs(1)).is_ok());
 }
+
+/// Review M2: a store that answers renewals but whose completion never answers, and which
+/// declares a call bound of its own (as RedisStore does), so that the coordinator set no
+/// timer on `complete`. Lease 300 ms, the default `max_hold` (an hour).
+///
+/// Before: the call never returned: the completion waited for ever, the renewals went on
+/// past `max_hold` while it did, and every retry of the key got `InFlight`. Now the
+/// completion is bounded by `store_timeout` like every store call and tried for one lease
+/// from the action's end: the caller gets its value with `stored == false`, the renewals
+/// stop, and the key is taken over once its lease ends (row 21's window).
+#[tokio::test(start_paused = true)]
+async fn a_completion_that_never_answers_returns_the_value_unstored() {
+    let store = Probe::new(MemoryStore::new());
+    store.declare_call_timeout(Some(Duration::from_secs(1)));
+    let lease = Duration::from_millis(300);
+    let c = Coordinator::builder(store.clone())
+        .policy(Policy::default().lease(lease).in_flight(InFlight::Reject))
+        .build();
+    let mailer = Mailer::default();
+    store.hang_next(Fault::Complete, usize::MAX);
+    let (op, k) = (op(), key("k"));
+    let first = tokio::time::timeout(
+        Duration::from_secs(60),
+        c.call(&op, &k).run(|_| mailer.send(Duration::ZERO)),
+    )
+    .await
+    .expect("the call never returned")
+    .unwrap();
+    assert_eq!((first.value.as_str(), first.stored), ("em_1", false));
+    let renewals = store.counts().renew;
+    sleep(lease + Duration::from_millis(10)).await;
+    assert_eq!(
+        store.counts().renew,
+        renewals,
+        "renewals went on after the call returned"
+    );
+    store.hang_next(Fault::Complete, 0);
+    let next = c
+        .call(&op, &k)
+        .run(|_| mailer.send(Duration::ZERO))
+        .await
+        .expect("the key is free once the lease ended");
+    assert_eq!(next.source, Source::Fresh);
+}
+
+/// Review M2: a store that answers renewals but fails every completion. Lease 300 ms, the
+/// default `max_hold` (an hour), the default `store_timeout` (5 s).
+///
+/// Before: the completion was retried, and the lease renewed, until `max_hold`: the caller
+/// waited an hour, the key `InFlight` for everyone. Now no try starts later than one lease
+/// after the action returned.
+#[tokio::test(start_paused = true)]
+async fn a_completion_that_always_fails_is_given_up_after_a_lease() {
+    let store = Probe::new(MemoryStore::new());
+    let lease = Duration::from_millis(300);
+    let c = Coordinator::builder(store.clone())
+        .policy(Policy::default().lease(lease))
+        .build();
+    let mailer = Mailer::default();
+    store.fail(Fault::Complete, true);
+    let (op, k) = (op(), key("k"));
+    let started = Instant::now();
+    let first = tokio::time::timeout(
+        Duration::from_secs(60),
+        c.call(&op, &k).run(|_| mailer.send(Duration::ZERO)),
+    )
+    .await
+    .expect("the call answered only at max_hold")
+    .unwrap();
+    let took = started.elapsed();
+    assert!(!first.stored);
+    assert!(
+        took <= lease,
+        "the completion was tried for {took:?}, past one lease"
+    );
+    assert!(store.counts().complete >= 3, "{:?}", store.counts());
+}
+
+/// Review L4: a call dropped while its `begin` is on the wire (an HTTP waiter aborted with
+/// its client, a runner's call cut short) whose `begin` reserved the key: the reservation
+/// belongs to nobody, and is released in the background as a lost `begin`'s is (row 19).
+///
+/// Before: nothing released it, and every retry waited out its lease (15 s by default).
+#[tokio::test(start_paused = true)]
+async fn a_call_dropped_while_its_begin_is_on_the_wire_leaves_no_reservation() {
+    let store = Probe::new(MemoryStore::new());
+    let c = Coordinator::builder(store.clone())
+        .policy(Policy::default().in_flight(InFlight::Reject))
+        .build();
+    let mailer = Mailer::default();
+    let (op, k) = (op(), key("k"));
+    // The begin reaches the store and reserves; its reply never comes back.
+    store.lose_reply_next(Fault::Begin, 1);
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(100),
+        c.call(&op, &k).run(|_| mailer.send(Duration::ZERO)),
+    )
+    .await;
+    assert!(dropped.is_err(), "the call answered: {dropped:?}");
+    sleep(Duration::from_millis(50)).await;
+    let retry = c
+        .call(&op, &k)
+        .run(|_| mailer.send(Duration::ZERO))
+        .await
+        .expect("the dropped call's reservation was left to its lease");
+    assert_eq!(retry.source, Source::Fresh);
+    assert_eq!(mailer.sent(), 1);
+}

@@ -204,11 +204,12 @@ where
     let timing = config.clone();
     // What may be stored of the response's body; past it, the store keeps only its status
     // and size (`Stored::omitted`).
-    let storable = config
-        .coordinator
-        .policy_for(&config.operation)
-        .max_result_bytes
-        .saturating_sub(HEADROOM);
+    let policy = config.coordinator.policy_for(&config.operation);
+    let storable = policy.max_result_bytes.saturating_sub(HEADROOM);
+    // How long a frame may wait for its client to make room (review M3): storing the
+    // response must go at the handler's pace, never the client's, or a client that stops
+    // reading holds the key (and, past `max_hold`, gets its handler run twice).
+    let pace = client_pace(policy.lease);
     // A final response's head goes to the client as soon as the handler gives it; its body
     // follows frame by frame (`ResponseBody::streamed`), its last frame and end once the
     // call has returned (`Tail`).
@@ -329,8 +330,10 @@ where
                 break;
             }
             if let Some(tx) = &out
-                && tx.send(Piece::Frame(frame)).await.is_err()
+                && !paced(pace, tx, Piece::Frame(frame)).await
             {
+                // Gone, or too slow: its stream is cut off (its body ends with an error),
+                // and the rest is read and stored all the same.
                 out = None;
             }
         }
@@ -356,15 +359,27 @@ where
                 out: Some(tx),
                 held,
             }) => {
-                if result.is_ok() {
-                    if let Some(frame) = held {
-                        let _ = tx.send(Piece::Frame(frame)).await;
+                // A clean end only for a response that was stored (review L1): one the
+                // store could not keep ends with an error, as the layer's invariant says,
+                // so that its client retries instead of trusting a response a retry would
+                // run again.
+                let stored = matches!(&result,
+                    Ok(r) if r.stored || r.source == idemkit_core::Source::Unprotected);
+                if stored {
+                    let sent = match held {
+                        Some(frame) => paced(pace, &tx, Piece::Frame(frame)).await,
+                        None => true,
+                    };
+                    if sent {
+                        let _ = paced(pace, &tx, Piece::End).await;
                     }
-                    let _ = tx.send(Piece::End).await;
                 } else {
-                    let _ = tx
-                        .send(Piece::Failed("the response could not be stored".into()))
-                        .await;
+                    let _ = paced(
+                        pace,
+                        &tx,
+                        Piece::Failed("the response could not be stored".into()),
+                    )
+                    .await;
                 }
             }
             // Not stored (the store failed): the call's error answers, as for a
@@ -466,6 +481,19 @@ where
 /// A `500 internal` problem: the error's text goes to the log only, under an incident id
 /// that the answer carries (its `instance`), so an operator can find the one from the
 /// other and a client learns nothing of the store or the handler (SQL, script errors).
+/// How long one frame may wait for room towards its client: a third of the lease (so that
+/// a stalled client never costs the owner more than a renewal interval per frame), and no
+/// more than 10 s.
+fn client_pace(lease: std::time::Duration) -> std::time::Duration {
+    (lease / 3).min(std::time::Duration::from_secs(10))
+}
+
+/// Sends `piece` to the client's body, waiting at most `pace` for room; `false` when the
+/// client is gone or did not make room in time (the caller then drops its stream).
+async fn paced(pace: std::time::Duration, tx: &mpsc::Sender<Piece>, piece: Piece) -> bool {
+    matches!(tokio::time::timeout(pace, tx.send(piece)).await, Ok(Ok(())))
+}
+
 fn internal<S, B: From<Bytes>>(
     config: &Config<S>,
     what: &str,

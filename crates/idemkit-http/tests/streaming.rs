@@ -415,3 +415,109 @@ async fn a_client_that_has_the_whole_response_retries_into_the_replay() {
         opener.await.unwrap();
     }
 }
+
+/// A body of `n` chunks of 64 KiB, all ready at once (a large download).
+struct Big(usize);
+
+impl http_body::Body for Big {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if self.0 == 0 {
+            return Poll::Ready(None);
+        }
+        self.0 -= 1;
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from(vec![b'x'; 64 * 1024])))))
+    }
+}
+
+/// Review M3: a client that sends its request and never reads the answer (a vanished mobile
+/// client, or one that stalls on purpose) must not hold the call: the response (32 MiB, more
+/// than loopback's socket buffers hold) is read and stored at the handler's pace, the
+/// stalled client's copy is cut off, and a retry replays. Lease 300 ms, `max_hold` 2 s.
+///
+/// Before: storing waited for the client to read, the renewals stopped at `max_hold`, the
+/// lease ran out, and the retry at 3 s took the key over: the handler ran twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_does_not_hold_the_call() {
+    use tokio::io::AsyncWriteExt as _;
+
+    let runs = Arc::new(AtomicUsize::new(0));
+    let policy = Policy::new()
+        .lease(Duration::from_millis(300))
+        .max_hold(Duration::from_secs(2));
+    let app = Router::new()
+        .route(
+            "/export",
+            post({
+                let runs = runs.clone();
+                move || {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    async move { Response::new(Body::new(Big(512))) }
+                }
+            }),
+        )
+        .layer(layer(policy));
+    let url = serve(app).await;
+    let addr = url
+        .trim_start_matches("http://")
+        .trim_end_matches("/export")
+        .to_string();
+    let mut stalled = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    stalled
+        .write_all(
+            b"POST /export HTTP/1.1\r\nhost: test\r\nidempotency-key: \"k-stall\"\r\ncontent-length: 0\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let again = send(&url, "\"k-stall\"").await;
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the handler ran again while a client stalled its first run"
+    );
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    drop(stalled);
+}
+
+/// Review L1: a streamed response whose result the store could not keep (every completion
+/// fails, until the completion gives up) ends with an error, not a clean end: its client
+/// must not take as final a response that a retry runs again.
+///
+/// Before: the task sent the held frame and a clean end whatever the receipt said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_response_that_was_not_stored_ends_with_an_error() {
+    let store = idemkit_test::Probe::new(MemoryStore::new());
+    store.fail(idemkit_test::Fault::Complete, true);
+    let layer = IdempotencyLayer::builder(
+        Coordinator::builder(store)
+            .policy(Policy::new().lease(Duration::from_millis(300)))
+            .build(),
+        Operation::new("http.stream").unwrap(),
+    )
+    .global_scope("global")
+    .unwrap()
+    .build()
+    .unwrap();
+    let app = Router::new()
+        .route(
+            "/export",
+            post(|| async { Response::new(Body::new(later())) }),
+        )
+        .layer(layer);
+    let url = serve(app).await;
+    let resp = send(&url, "\"k-unstored\"").await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let body = tokio::time::timeout(Duration::from_secs(20), resp.bytes())
+        .await
+        .expect("the body ends");
+    assert!(
+        body.is_err(),
+        "a response that was not stored ended cleanly: {body:?}"
+    );
+}

@@ -163,6 +163,9 @@ impl RedisStoreBuilder {
     /// [`connections`](Self::connections)) has its own queues. Applies to one server
     /// without [`wait_for_replicas`](Self::wait_for_replicas); a Cluster never coalesces
     /// (keys of one slot rarely meet). Off sends every call on its own (for comparison).
+    /// A queued call waits for room on the wire, so with coalescing on the store declares
+    /// no bound of its own ([`Store::call_timeout`](idemkit_core::Store::call_timeout) is
+    /// `None`) and the coordinator times each call with the policy's `store_timeout`.
     ///
     /// # Example
     ///
@@ -308,26 +311,29 @@ impl RedisStoreBuilder {
             durable,
             waiters,
             crate::Timeouts {
-                call: limit,
+                // A queued (coalesced) call waits for room on the wire, untimed: no bound
+                // of ours holds then, and the coordinator times every call itself.
+                call: if coalesce { None } else { limit },
                 response: self.response_timeout,
             },
             coalesce,
         ))
     }
 
-    /// The longest one store call can take (see `Store::call_timeout`): a script call is at
-    /// most three commands (`EVALSHA`, and after `NOSCRIPT` a `SCRIPT LOAD` and the
-    /// `EVALSHA` again), each bounded by the response timeout, plus one reconnect; one
-    /// response timeout more covers what comes before it: a `begin` whose first lane failed
-    /// fast and is sent on the next one, or a wait's subscribe step (bounded by the response
-    /// timeout itself). A queued (coalesced) call rides in one such script call. With the
+    /// The longest one store call can take (see `Store::call_timeout`) without coalescing:
+    /// a script call is at most three commands (`EVALSHA`, and after `NOSCRIPT` a `SCRIPT
+    /// LOAD` and the `EVALSHA` again), each bounded by the response timeout, plus one
+    /// reconnect; two response timeouts more cover what comes before it: a `begin`'s replay
+    /// read (`GET`), and a `begin` whose first lane failed fast and is sent on the next one,
+    /// or a wait's subscribe step (bounded by the response timeout itself). With the
     /// durability guard, none: a guarded write also opens connections and waits for
-    /// replicas, and the coordinator times it itself.
+    /// replicas, and the coordinator times it itself. With coalescing, none either (see
+    /// `connect`).
     fn call_limit(&self) -> Option<Duration> {
         if self.replicas.is_some() {
             return None;
         }
-        Some(self.response_timeout * 4 + self.connection_timeout.max(self.response_timeout))
+        Some(self.response_timeout * 5 + self.connection_timeout.max(self.response_timeout))
     }
 }
 

@@ -262,32 +262,51 @@ pub(crate) fn spawn_flush(store: &RedisStore, kind: Kind, lane: usize) {
         match kind {
             Kind::Begin => {
                 for batch in store.shared.lanes[lane].begins.take_all() {
-                    let store = store.clone();
+                    let place = Place::new(&store, kind, lane);
                     tokio::spawn(async move {
-                        let _lead = Lead {
-                            store: &store,
-                            kind,
-                            lane,
-                        };
-                        send_begins(&store, lane, batch).await;
+                        send_begins(&place.store, lane, batch).await;
+                        drop(place);
                     });
                 }
             }
             Kind::Complete => {
                 for batch in store.shared.lanes[lane].completes.take_all() {
-                    let store = store.clone();
+                    let place = Place::new(&store, kind, lane);
                     tokio::spawn(async move {
-                        let _lead = Lead {
-                            store: &store,
-                            kind,
-                            lane,
-                        };
-                        send_completes(&store, lane, batch).await;
+                        send_completes(&place.store, lane, batch).await;
+                        drop(place);
                     });
                 }
             }
         }
     });
+}
+
+/// A batch's place on the wire (counted by `take_all`), owned by its task: built before the
+/// task is spawned and moved into it, so that a task dropped before its first poll (its
+/// runtime shut down mid-flush) gives the place back too, as [`Unsent`] does for the flush
+/// task. Built inside the task, an unpolled batch kept its place for ever, and two such
+/// leaks left the lane's queue with no room on the wire (review M2).
+struct Place {
+    store: RedisStore,
+    kind: Kind,
+    lane: usize,
+}
+
+impl Place {
+    fn new(store: &RedisStore, kind: Kind, lane: usize) -> Self {
+        Place {
+            store: store.clone(),
+            kind,
+            lane,
+        }
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.kind.done(&self.store, self.lane);
+    }
 }
 
 /// Hands each job its item of the reply, or the call's error.

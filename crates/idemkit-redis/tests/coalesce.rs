@@ -325,3 +325,82 @@ fn a_flush_task_dropped_before_its_first_poll_leaves_no_wedge() {
         "the lane is wedged: {later:?}"
     );
 }
+
+/// Review M2 (the wedge): a batch task spawned by a flush but dropped before its first poll
+/// (its runtime shut down mid-flush) must give its place on the wire back. Each round here
+/// lets a doomed runtime run its flush task a different number of scheduler turns before
+/// it is dropped, so some round drops it between `take_all` and the batch task's first poll.
+///
+/// Before: the batch's guard was built inside the spawned task, so an unpolled batch kept
+/// its place for ever; two such leaks left no room on the lane's wire, and every later call
+/// on it queued behind a flush that never came (this test's last begin hung).
+#[test]
+fn a_batch_dropped_before_its_first_poll_gives_its_place_back() {
+    use std::future::Future;
+    use std::task::Poll;
+
+    let server = RedisProcess::start(&[]);
+    let main = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = main.block_on(async {
+        RedisStore::builder()
+            .prefix(format!("coalesce-{:x}", fastrand::u64(..)))
+            .connections(1)
+            .connect(&server.url())
+            .await
+            .unwrap()
+    });
+    let keys = keys(200);
+    let reqs: Vec<_> = keys
+        .iter()
+        .map(|k| BeginRequest::new(k, OwnerToken::random(), Duration::from_secs(30)))
+        .collect();
+    let mut next = reqs.iter();
+    for turns in 0..12 {
+        for _ in 0..2 {
+            pause(server.port, 200);
+            // One task per scheduler tick, then the block_on future again: so the doomed
+            // runtime can end between the flush task's tick and its batch task's first.
+            let doomed = tokio::runtime::Builder::new_current_thread()
+                .event_interval(1)
+                .enable_all()
+                .build()
+                .unwrap();
+            let (a, b, c) = (
+                next.next().unwrap(),
+                next.next().unwrap(),
+                next.next().unwrap(),
+            );
+            doomed.block_on(async {
+                let mut calls = [
+                    std::pin::pin!(store.begin(a)),
+                    std::pin::pin!(store.begin(b)),
+                    std::pin::pin!(store.begin(c)),
+                ];
+                std::future::poll_fn(|cx| {
+                    for call in &mut calls {
+                        let _ = call.as_mut().poll(cx);
+                    }
+                    Poll::Ready(())
+                })
+                .await;
+                // The flush task's turns: it yields once, then takes the queue and spawns
+                // its batches.
+                for _ in 0..turns {
+                    tokio::task::yield_now().await;
+                }
+            });
+            drop(doomed);
+        }
+    }
+    let last = next.next().unwrap();
+    let later = main
+        .block_on(async { tokio::time::timeout(Duration::from_secs(10), store.begin(last)).await });
+    assert!(
+        matches!(later, Ok(Ok(Claim::Reserved { .. }))),
+        "the lane is wedged: {later:?}"
+    );
+}

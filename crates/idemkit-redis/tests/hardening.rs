@@ -269,6 +269,8 @@ async fn waits_on_a_paused_server_end_within_their_bound() {
     let store = RedisStore::builder()
         .prefix(support::prefix())
         .response_timeout(response)
+        // Coalescing off: only then does the store declare a bound of its own.
+        .coalesce(false)
         .connect(&server.url())
         .await
         .unwrap();

@@ -69,8 +69,17 @@ pub enum Violation {
         what: &'static str,
         left: Duration,
     },
+    /// An owner's answer came later after its action returned than the completion's bound
+    /// (a lease and one store call).
+    CompletedTooLate {
+        caller: usize,
+        key: String,
+        took: Duration,
+        bound: Duration,
+    },
     /// A caller was told its result was not stored while its lease was still confirmed for
-    /// longer than the last try's margin: the completion gave up early.
+    /// longer than the last try's margin, less than a lease after its action returned: the
+    /// completion gave up early.
     GaveUpEarly {
         caller: usize,
         key: String,
@@ -326,7 +335,7 @@ fn check_answer(
     } else {
         Duration::from_millis(1)
     };
-    let lease = policy.lease;
+    let lease = a.lease;
     match &a.outcome {
         Outcome::Panicked(message) if message != DELIBERATE => {
             return Err(Violation::UnexpectedPanic {
@@ -370,11 +379,11 @@ fn check_answer(
             stored: false,
         } if !a.completer
             && !superseded
-            && a.at - a.returned.unwrap_or(a.started) < policy.max_hold =>
+            && a.at.saturating_sub(a.returned.unwrap_or(a.started)) + slack < lease =>
         {
             // The last try goes out at the confirmed end minus min(lease/20, 50 ms), unless
-            // the completion was retried for `max_hold` (a store that renews but never
-            // completes is bounded like a hung action).
+            // the completion was tried for a lease (a store that renews but never completes
+            // must not hold its caller: review M2).
             let margin = (lease / 20).min(Duration::from_millis(50)) + slack;
             let until = confirmed
                 .get(&(a.key.as_str(), *fencing))
@@ -390,6 +399,22 @@ fn check_answer(
             }
         }
         _ => {}
+    }
+    // An owner has its answer at most a lease and a store call's bound after its action
+    // returned: the completion starts no try later than a lease after its first, each try
+    // bounded by `store_timeout` (review M2: before, a store that renewed and never
+    // completed held the caller until `max_hold`).
+    if let (Outcome::Fresh { .. }, Some(returned), false) = (&a.outcome, a.returned, a.completer) {
+        let bound = lease + policy.store_timeout + slack * 2 + stalled;
+        let took = a.at.saturating_sub(returned);
+        if took > bound {
+            return Err(Violation::CompletedTooLate {
+                caller: a.caller,
+                key: a.key.clone(),
+                took,
+                bound,
+            });
+        }
     }
     // A call that never ran the action waited at most its bound: the wait timeout, plus a
     // store call's bound for the last wait and the `begin` after it.

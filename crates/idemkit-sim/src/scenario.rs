@@ -71,6 +71,9 @@ pub struct Answer {
     /// Whether a `Completer` stored the result (no retries by design).
     pub completer: bool,
     pub in_flight: InFlight,
+    /// The call's lease: the operation's, or one of the call's own policy (a batch's call
+    /// may run with another lease than the batch reserved with: review M1).
+    pub lease: Duration,
 }
 
 /// The run's settings, drawn from its seed.
@@ -141,15 +144,31 @@ pub fn setup(seed: u64) -> Setup {
                 0.0
             },
             stall: (rng.f64() * 0.01, ms(&mut rng, 0, lease_ms * 2)),
+            // Drawn below, after everything else.
+            hang_complete: 0.0,
+            slow_complete: (0.0, Duration::ZERO),
         }
     };
-    Setup {
+    let mut setup = Setup {
         seed,
         policy,
         faults,
         keys: rng.usize(1..=3),
         callers: rng.usize(4..=14),
+    };
+    // Drawn last, so that the settings above stay what they were for every seed.
+    if setup.faults.fail_before > 0.0 || setup.faults.delay.0 > 0.0 {
+        // A store that renews and never completes, and completions slower than the lease.
+        setup.faults.hang_complete = rng.f64() * 0.05;
+        setup.faults.slow_complete = (rng.f64() * 0.05, ms(&mut rng, lease_ms, lease_ms * 2));
     }
+    if rng.u8(..) < 32 {
+        // A store call may take longer than the lease.
+        setup.policy = setup
+            .policy
+            .store_timeout(ms(&mut rng, lease_ms, lease_ms * 3));
+    }
+    setup
 }
 
 /// Completes through the store itself, once: a stand-in for a transaction's completion.
@@ -320,6 +339,7 @@ async fn caller<S: RawStore>(
             completer,
             in_flight,
             outcome,
+            lease,
         });
         if done {
             return;
@@ -346,10 +366,20 @@ async fn batch<S: RawStore>(
         let storage = StorageKey::new(&op, None, key).as_str().to_owned();
         let started = run.now();
         let (r, k) = (run.clone(), storage.clone());
-        let call = c
+        let mut call = c
             .call_owned(op.clone(), key.clone())
             .in_flight(InFlight::Reject)
             .prepared(claim);
+        // Half the calls run with a lease of their own, shorter or longer than the one the
+        // batch reserved with (review M1).
+        let call_lease = if rng.bool() {
+            let l = lease.as_millis() as u64;
+            let own = ms(&mut rng, l / 2, l * 4);
+            call = call.policy(c.policy_for(&op).lease(own));
+            own
+        } else {
+            lease
+        };
         let returned = Arc::new(Mutex::new(None));
         let done_at = returned.clone();
         let task =
@@ -369,6 +399,7 @@ async fn batch<S: RawStore>(
             completer: false,
             in_flight: InFlight::Reject,
             outcome,
+            lease: call_lease,
         });
     }
 }

@@ -35,6 +35,12 @@ pub struct Faults {
     /// Probability per call that the clock jumps ahead by up to this long at once: the whole
     /// process stalls (paused time only), so leases run out under their owners.
     pub stall: (f64, Duration),
+    /// Probability that a `complete` never answers (the request is lost, or applied with
+    /// its reply lost: a coin decides): a store that renews but does not complete.
+    pub hang_complete: f64,
+    /// Probability that a `complete` takes up to this long before it reaches the store
+    /// (drawn past the lease: a completion slower than the lease).
+    pub slow_complete: (f64, Duration),
 }
 
 impl Faults {
@@ -47,6 +53,8 @@ impl Faults {
         outage: (0.0, Duration::ZERO),
         forget: 0.0,
         stall: (0.0, Duration::ZERO),
+        hang_complete: 0.0,
+        slow_complete: (0.0, Duration::ZERO),
     };
 }
 
@@ -323,6 +331,35 @@ impl<S: RawStore> SimStore<S> {
         }
     }
 
+    /// `Store::complete` under this call's fate, as logged.
+    async fn complete_now(
+        &self,
+        key: &StorageKey,
+        ownership: &Ownership,
+        request: &CompleteRequest,
+    ) -> Result<(), StoreError> {
+        let (k, o, r) = (key.clone(), *ownership, request.clone());
+        self.call(move |s| async move {
+            let before = s.current(&k).await;
+            let handed = s.since_start();
+            s.refused(
+                &k,
+                &o,
+                "complete",
+                s.shared.inner.complete(&k, &o, &r).await,
+            )?;
+            s.check_owner(&k, &o, before, "complete");
+            s.note(StoreEvent::Completed {
+                key: k.as_str().to_owned(),
+                fencing: o.fencing.get(),
+                sent: handed,
+                at: s.since_start(),
+            });
+            Ok(())
+        })
+        .await
+    }
+
     /// `op` in a task of its own, awaited.
     async fn detached<T, F, Fut>(&self, op: F) -> Result<T, StoreError>
     where
@@ -471,26 +508,18 @@ impl<S: RawStore> Store for SimStore<S> {
         ownership: &Ownership,
         request: &CompleteRequest,
     ) -> Result<(), StoreError> {
-        let (k, o, r) = (key.clone(), *ownership, request.clone());
-        self.call(move |s| async move {
-            let before = s.current(&k).await;
-            let handed = s.since_start();
-            s.refused(
-                &k,
-                &o,
-                "complete",
-                s.shared.inner.complete(&k, &o, &r).await,
-            )?;
-            s.check_owner(&k, &o, before, "complete");
-            s.note(StoreEvent::Completed {
-                key: k.as_str().to_owned(),
-                fencing: o.fencing.get(),
-                sent: handed,
-                at: s.since_start(),
-            });
-            Ok(())
-        })
-        .await
+        let f = self.shared.faults;
+        if self.chance(f.slow_complete.0) {
+            tokio::time::sleep(self.upto(f.slow_complete.1)).await;
+        }
+        if self.chance(f.hang_complete) {
+            if self.chance(0.5) {
+                // Applied, its reply never comes back.
+                let _ = Box::pin(self.complete_now(key, ownership, request)).await;
+            }
+            return std::future::pending().await;
+        }
+        self.complete_now(key, ownership, request).await
     }
 
     async fn release(&self, key: &StorageKey, ownership: &Ownership) -> Result<(), StoreError> {

@@ -205,8 +205,29 @@ fn the_checker_names_what_went_wrong() {
         fencing: 7,
         stored: false,
     };
-    early.answers.push(gave_up);
+    early.answers.push(gave_up.clone());
     assert!(matches!(check(&early), Err(Violation::GaveUpEarly { .. })));
+
+    // An owner answered later than a lease and a store call after its action returned.
+    let mut late = base.clone();
+    let mut held = gave_up;
+    held.returned = Some(Duration::from_millis(5));
+    held.at = held.lease + late.setup.policy.store_timeout + Duration::from_millis(100);
+    held.outcome = Outcome::Fresh {
+        fencing: 7,
+        stored: true,
+    };
+    late.store.push(StoreEvent::Completed {
+        key: "k".into(),
+        fencing: 7,
+        sent: Duration::from_millis(6),
+        at: Duration::from_millis(6),
+    });
+    late.answers.push(held);
+    assert!(matches!(
+        check(&late),
+        Err(Violation::CompletedTooLate { .. })
+    ));
 
     let mut wrong = base.clone();
     let a = wrong

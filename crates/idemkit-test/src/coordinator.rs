@@ -660,3 +660,102 @@ pub async fn a_stale_prepared_claim_runs_on_a_renewed_lease<H: Harness>(h: &H) {
         ("once", Source::Replayed)
     );
 }
+
+/// A prepared claim whose call runs with a longer lease than the batch reserved with is
+/// confirmed by a `begin` before the action runs: the store held the batch's lease, not the
+/// call's, so a claim still "fresh" by the call's renewal interval may have ended already.
+///
+/// Before the fix (review M1), the claim aged 1.2 batch leases was trusted because it was
+/// younger than a third of the call's lease: the duplicate took the key over and ran too.
+pub async fn a_prepared_claim_under_a_longer_call_lease_is_confirmed_first<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let batch_lease = Duration::from_millis(500);
+    let call_lease = Duration::from_millis(2_000);
+    let c = Coordinator::builder(store.clone())
+        .policy(Policy::default().lease(batch_lease))
+        .build();
+    let (op, key) = (operation(), fresh_key("batch-longer-call-lease"));
+    let p = c
+        .prepare(&op, std::slice::from_ref(&key))
+        .await
+        .pop()
+        .expect("one");
+    assert!(p.is_reserved());
+    // The batch's lease is over; 600 ms is still under a third of the call's lease.
+    h.advance(Duration::from_millis(600)).await;
+    let started = Arc::new(Notify::new());
+    let owner = {
+        let started = started.clone();
+        tokio::spawn(
+            c.call_owned(op.clone(), key.clone())
+                .policy(Policy::default().lease(call_lease))
+                .prepared(p)
+                .run(move |attempt| async move {
+                    started.notify_one();
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    Ok::<_, Infallible>(attempt.is_lease_lost())
+                }),
+        )
+    };
+    wait_started(&started, "the batch's owner").await;
+    h.advance(Duration::from_millis(100)).await;
+    let dup = c
+        .call(&op, &key)
+        .in_flight(InFlight::Reject)
+        .run(|_| async { Ok::<_, Infallible>(false) })
+        .await;
+    assert!(
+        matches!(dup, Err(Error::InFlight { .. })),
+        "a duplicate ran beside the batch's owner: {dup:?}"
+    );
+    let r = owner.await.expect("task").expect("the prepared call");
+    assert_eq!(r.source, Source::Fresh);
+    assert!(!r.value, "the owner was told its lease was lost");
+    assert!(r.stored, "the owner's result is stored");
+}
+
+/// Review M2, on every store: a store that answers renewals but whose completions fail every
+/// time, or never answer (while it declares a call bound of its own, so that the
+/// coordinator had set no timer): the caller gets its value with `stored == false` once the
+/// completion was tried for a lease (a hung try ends at `store_timeout`), not at `max_hold`
+/// (an hour by default), and the key is taken over once the lease it was left with ends.
+///
+/// Before: both calls held their callers and their keys until `max_hold` (the hung one for
+/// ever), the renewals going on all the while.
+pub async fn a_completion_that_never_lands_answers_within_its_bound<H: Harness>(h: &H) {
+    let store = Probe::new(h.store().await);
+    store.declare_call_timeout(Some(Duration::from_secs(1)));
+    let lease = Duration::from_millis(300);
+    let c = Coordinator::builder(store.clone())
+        .policy(policy(300).store_timeout(Duration::from_secs(2)))
+        .build();
+    let mailer = Mailer::default();
+    let op = operation();
+    let bound = Duration::from_secs(20);
+    for hang in [false, true] {
+        let key = fresh_key("completion-never-lands");
+        if hang {
+            store.hang_next(Fault::Complete, usize::MAX);
+        } else {
+            store.fail(Fault::Complete, true);
+        }
+        let first = tokio::time::timeout(
+            bound,
+            c.call(&op, &key).run(|_| mailer.send(Duration::ZERO)),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("hang {hang}: the call held its caller past {bound:?}"))
+        .expect("the action's value");
+        assert!(!first.stored, "hang {hang}: {first:?}");
+        store.fail(Fault::Complete, false);
+        store.hang_next(Fault::Complete, 0);
+        h.advance(lease + Duration::from_millis(100)).await;
+        let next = c
+            .call(&op, &key)
+            .in_flight(InFlight::Reject)
+            .run(|_| mailer.send(Duration::ZERO))
+            .await
+            .unwrap_or_else(|e| panic!("hang {hang}: the key was not left to its lease: {e:?}"));
+        assert_eq!(next.source, Source::Fresh, "hang {hang}");
+    }
+}

@@ -211,7 +211,9 @@ macro_rules! __with_coordinator_checks {
             a_permanent_error_is_stored_and_replayed,
             durations_at_the_extremes,
             a_prepared_batch_runs_each_effect_once,
-            a_stale_prepared_claim_runs_on_a_renewed_lease
+            a_stale_prepared_claim_runs_on_a_renewed_lease,
+            a_prepared_claim_under_a_longer_call_lease_is_confirmed_first,
+            a_completion_that_never_lands_answers_within_its_bound
         }
     };
 }

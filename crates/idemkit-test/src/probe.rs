@@ -90,6 +90,8 @@ struct State {
     lost_replies: [AtomicUsize; 5],
     /// Per phase: how long each call waits before it reaches the store, in microseconds.
     delays: [AtomicU64; 5],
+    /// The bound the probe declares as `Store::call_timeout`, in microseconds (0: none).
+    declared_call_timeout: AtomicU64,
 }
 
 /// Wraps a store, counting calls per phase and failing chosen phases with `Unavailable`:
@@ -190,6 +192,29 @@ impl<S: Store> Probe<S> {
     pub fn delay(&self, fault: Fault, d: Duration) {
         let micros = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         self.state.delays[fault as usize].store(micros, Ordering::SeqCst);
+    }
+
+    /// Declares `bound` as the probe's [`Store::call_timeout`] (`None`: none, the default), as
+    /// a store that bounds its own calls would, so that the coordinator sets no timer of
+    /// its own within it. The probe's hangs ignore it: that is a store whose declared bound
+    /// does not hold, which the coordinator must survive too.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use idemkit_core::Store;
+    /// let probe = idemkit_test::Probe::new(idemkit_core::MemoryStore::new());
+    /// probe.declare_call_timeout(Some(Duration::from_secs(1)));
+    /// assert_eq!(probe.call_timeout(), Some(Duration::from_secs(1)));
+    /// ```
+    pub fn declare_call_timeout(&self, bound: Option<Duration>) {
+        let micros = bound.map_or(0, |d| {
+            u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
+        });
+        self.state
+            .declared_call_timeout
+            .store(micros, Ordering::SeqCst);
     }
 
     /// Makes `complete` wait until [`open_complete`](Probe::open_complete).
@@ -298,8 +323,14 @@ impl<S: Store> Store for Probe<S> {
         self.inner.uses_reservation()
     }
 
-    // `call_timeout` stays `None`: the probe can hang a call (`hang_next`) whatever the
-    // inner store promises, so the coordinator must time every call.
+    // `None` unless a test declares one (`declare_call_timeout`): the probe can hang a call
+    // (`hang_next`) whatever the inner store promises, so the coordinator times every call.
+    fn call_timeout(&self) -> Option<Duration> {
+        match self.state.declared_call_timeout.load(Ordering::SeqCst) {
+            0 => None,
+            micros => Some(Duration::from_micros(micros)),
+        }
+    }
 
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Claim, StoreError> {
         self.enter(0, Some(Fault::Begin)).await?;

@@ -33,6 +33,9 @@ pub struct Prepared<S: Store> {
     owner: OwnerToken,
     claim: Option<Result<Claim, StoreError>>,
     sent_at: Instant,
+    /// The lease the batch reserved with: the store holds the claim this long from no
+    /// earlier than `sent_at`, whatever lease the call that takes it runs with.
+    lease: Duration,
 }
 
 impl<S: Store> fmt::Debug for Prepared<S> {
@@ -44,9 +47,11 @@ impl<S: Store> fmt::Debug for Prepared<S> {
     }
 }
 
-/// A prepared claim as a call uses it: the claim and when its `begin` was sent. Boxed: it
-/// lives in the call's future, which every call moves; unbatched calls pay one pointer.
-pub(super) type FirstClaim = Option<Box<(Result<Claim, StoreError>, Instant)>>;
+/// A prepared claim as a call uses it: the claim, when its `begin` was sent, and the lease
+/// it reserved with (the store holds the reservation that long from no earlier than the
+/// send; the call's own lease is no longer, see [`Prepared::take_for`]). Boxed: it lives in
+/// the call's future, which every call moves; unbatched calls pay one pointer.
+pub(super) type FirstClaim = Option<Box<(Result<Claim, StoreError>, Instant, Duration)>>;
 
 /// What a call takes from its prepared claim.
 pub(super) struct Taken {
@@ -63,17 +68,24 @@ impl<S: Store> Prepared<S> {
     }
 
     /// Hands the claim to the call of `key`, if it is this one's and no fingerprint is
-    /// involved (a batch reserves without fingerprints).
-    pub(super) fn take_for(mut self, key: &StorageKey, fresh_for: Duration) -> Option<Taken> {
+    /// involved (a batch reserves without fingerprints). The call counts its lease from the
+    /// claim's send time with its own policy's `lease`: the claim is trusted as it is only
+    /// while it is younger than that lease's renewal interval *and* the batch reserved at
+    /// least that lease; otherwise (review M1: a call with a longer lease than its batch's
+    /// would count on a reservation the store already let go) a `begin` with the same owner
+    /// token confirms it first, which renews it to the call's lease (row 24).
+    pub(super) fn take_for(mut self, key: &StorageKey, call_lease: Duration) -> Option<Taken> {
         if &self.key != key {
             return None; // dropped: released
         }
         let claim = self.claim.take()?;
-        let fresh = now().saturating_duration_since(self.sent_at) < fresh_for;
+        let fresh = self.lease >= call_lease
+            && now().saturating_duration_since(self.sent_at)
+                < crate::policy::renew_every(call_lease);
         Some(Taken {
             owner: self.owner,
             claim: match (&claim, fresh) {
-                (_, true) => Some(Box::new((claim, self.sent_at))),
+                (_, true) => Some(Box::new((claim, self.sent_at, self.lease))),
                 // Stale: a begin with the same owner token confirms (or replaces) it.
                 (Ok(Claim::Reserved { .. }), false) => None,
                 // Stale news of someone else's record: ask again.
@@ -172,6 +184,7 @@ impl<S: Store> Coordinator<S> {
                 owner,
                 claim: None,
                 sent_at,
+                lease,
             })
             .collect();
         for i in first {

@@ -26,7 +26,7 @@ impl<S: Store, C, P, K: Completer, B> Call<'_, S, C, P, K, B> {
         &self,
         key: &StorageKey,
         lease: Ownership,
-        reserved_at: tokio::time::Instant,
+        (reserved_at, held): (tokio::time::Instant, std::time::Duration),
         effective: &Effective,
         action: F,
         mut completer: K,
@@ -39,7 +39,7 @@ impl<S: Store, C, P, K: Completer, B> Call<'_, S, C, P, K, B> {
     {
         let op: &Operation = &self.operation;
         let policy = &effective.policy;
-        let state = Arc::new(LeaseState::new(after(reserved_at, policy.lease)));
+        let state = Arc::new(LeaseState::new(after(reserved_at, held)));
         let keeper = self.keeper(key, lease, reserved_at, policy, &state);
         let mut guard = self.guard(key, lease);
         let attempt = Attempt {

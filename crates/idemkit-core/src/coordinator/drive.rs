@@ -23,7 +23,7 @@ use tracing::Instrument as _;
 use super::attempt::{Attempt, Downstream};
 use super::batch::{FirstClaim, Prepared};
 use super::call::Call;
-use super::lease::{Guard, Keeper, LeaseState, Pending, bounded, release_orphan};
+use super::lease::{Guard, Keeper, LeaseState, OrphanGuard, Pending, bounded, release_orphan};
 use super::options::{Batch, Completer, OnActionError};
 use super::outcome::{AfterAction, Effective};
 use super::receipt::{Receipt, Source};
@@ -107,18 +107,30 @@ impl<S: Store, C, P, K, B> Call<'_, S, C, P, K, B> {
         let mut wait_deadline = None;
 
         loop {
-            let (begin, started) = match first.take() {
+            // `held`: how long from `started` the store holds a reservation this answers.
+            let (begin, started, held) = match first.take() {
                 Some(taken) => *taken,
                 None => {
                     let started = now();
+                    // Review L4: a call dropped while its `begin` is on the wire may leave
+                    // a reservation that nobody owns; the guard hands it to the lost-begin
+                    // cleanup (row 19) instead of leaving it to its lease.
+                    let mut orphan = OrphanGuard {
+                        store,
+                        req: &req,
+                        until: after(started, policy.lease),
+                        store_timeout: policy.store_timeout,
+                        armed: true,
+                    };
                     let begin = bounded(
                         policy.store_timeout,
                         store.call_timeout(),
                         store.begin(&req),
                     )
                     .await;
+                    orphan.armed = false;
                     op.metrics().timing(Phase::Begin, started);
-                    (begin, started)
+                    (begin, started, policy.lease)
                 }
             };
             match begin {
@@ -139,13 +151,25 @@ impl<S: Store, C, P, K, B> Call<'_, S, C, P, K, B> {
                             // Only for a store that builds the completed record from it
                             // (Redis): an `Arc` clone a call on MemoryStore need not pay.
                             let reservation = store.uses_reservation().then(|| req.reservation());
-                            self.run_owned(&key, lease, started, effective, action, reservation)
-                                .await
+                            self.run_owned(
+                                &key,
+                                lease,
+                                (started, held),
+                                effective,
+                                action,
+                                reservation,
+                            )
+                            .await
                         }
                         // Row 30: the caller's transaction completes. Boxed: a rare path.
                         Some(completer) => {
                             Box::pin(self.run_owned_completing(
-                                &key, lease, started, effective, action, completer,
+                                &key,
+                                lease,
+                                (started, held),
+                                effective,
+                                action,
+                                completer,
                             ))
                             .await
                         }
@@ -250,7 +274,7 @@ impl<S: Store, C, P, K, B> Call<'_, S, C, P, K, B> {
         let taken = if self.fingerprint.is_some() {
             None
         } else {
-            prepared.take_for(key, policy.renew_every())
+            prepared.take_for(key, policy.lease)
         };
         match taken {
             Some(taken) => (taken.owner, taken.claim),
@@ -288,7 +312,7 @@ impl<S: Store, C, P, K, B> Call<'_, S, C, P, K, B> {
         &self,
         key: &StorageKey,
         lease: Ownership,
-        reserved_at: tokio::time::Instant,
+        (reserved_at, held): (tokio::time::Instant, std::time::Duration),
         effective: &Effective,
         action: F,
         reservation: Option<Reservation>,
@@ -301,7 +325,7 @@ impl<S: Store, C, P, K, B> Call<'_, S, C, P, K, B> {
     {
         let op: &Operation = &self.operation;
         let policy = &effective.policy;
-        let state = std::sync::Arc::new(LeaseState::new(after(reserved_at, policy.lease)));
+        let state = std::sync::Arc::new(LeaseState::new(after(reserved_at, held)));
         let keeper = self.keeper(key, lease, reserved_at, policy, &state);
         let work = async {
             // Created before anything can be dropped mid-way: from here on a dropped call

@@ -127,6 +127,7 @@ where
         // The store bounds its calls within our limit itself: no timer of ours.
         timed: own.is_none_or(|own| own > limit),
         timer: None,
+        pending_since: None,
     }
 }
 
@@ -138,6 +139,17 @@ pin_project_lite::pin_project! {
         limit: Duration,
         timed: bool,
         timer: Option<Pin<Box<tokio::time::Sleep>>>,
+        // When the call was first found pending (timed calls only): its start, read only
+        // when the timer needs it anyway.
+        pending_since: Option<Instant>,
+    }
+}
+
+impl<F> Bounded<F> {
+    /// When a timed call was first found pending (about when it was sent); `None` for a call
+    /// that answered at its first poll, or one the store bounds itself.
+    pub(crate) fn pending_since(&self) -> Option<Instant> {
+        self.pending_since
     }
 }
 
@@ -156,9 +168,12 @@ where
             return Poll::Pending;
         }
         let limit = *this.limit;
-        let timer = this
-            .timer
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        let since = this.pending_since;
+        let timer = this.timer.get_or_insert_with(|| {
+            let start = now();
+            *since = Some(start);
+            Box::pin(tokio::time::sleep_until(after(start, limit)))
+        });
         match timer.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(Err(StoreError::unavailable(format!(
                 "no answer within {} ms",
@@ -217,7 +232,8 @@ impl<S: Store> Keeper<'_, S> {
             tokio::time::sleep_until(next).await;
             let sent = now();
             // The hold limit is for a hung action; once the action returned, the renewals
-            // go on until its completion answers (row 26), however long that takes.
+            // go on until its completion answers or gives up (rows 21 and 26), which is
+            // bounded on its own: no try starts later than one lease after the first.
             if !self.state.completing.load(Ordering::SeqCst)
                 && sent.duration_since(self.reserved_at) >= self.policy.max_hold
             {
@@ -256,28 +272,33 @@ impl<S: Store> Keeper<'_, S> {
         }
     }
 
-    /// Stores the outcome, retrying an unavailable store with backoff until the lease has
-    /// really ended (the renewals go on meanwhile, and extend it if the store answers them):
-    /// the last try is sent just before the confirmed end, which the store's own lease
-    /// outlasts. Returns whether it was stored.
+    /// Stores the outcome, retrying an unavailable store with backoff while the lease lasts
+    /// (the renewals go on meanwhile, and extend it if the store answers them), for one lease
+    /// at most: the last try is sent just before the end the store confirmed, which the
+    /// store's own lease outlasts, and no later than one lease after the first try was sent.
+    /// Every try is bounded by `store_timeout`, also on a store that declares a bound of its
+    /// own (a declared bound that does not hold must not hold the key for ever: review M2).
+    /// So the caller has its answer at most one lease and two `store_timeout`s after its
+    /// action returned. Returns whether it was stored.
     pub(crate) async fn complete(&self, completion: &CompleteRequest) -> bool {
         let (op, key) = (self.operation, self.key);
         self.state.completing.store(true, Ordering::SeqCst);
         // When the completion began: the first try's start, read only when that is timed
-        // anyway or once a try failed (most completions answer at once, and a clock read is
-        // a sizeable part of an in-process call).
+        // anyway (a recorder, or a try still pending at its first poll) or once a try failed
+        // (most completions answer at once, and a clock read is a sizeable part of an
+        // in-process call).
         let mut since = None;
         // How long before the confirmed end the last try goes out.
         let margin = (self.policy.lease / 20).min(Duration::from_millis(50));
         let mut backoff = Duration::from_millis(50);
         loop {
             let started = op.metrics().start();
-            let result = bounded(
+            let mut call = pin!(bounded(
                 self.policy.store_timeout,
-                self.store.call_timeout(),
+                None,
                 self.store.complete(self.key, &self.lease, completion),
-            )
-            .await;
+            ));
+            let result = call.as_mut().await;
             op.metrics().timing(Phase::Complete, started);
             let e = match result {
                 Ok(()) => return true,
@@ -294,17 +315,20 @@ impl<S: Store> Keeper<'_, S> {
             }
             op.metrics().store_error(Phase::Complete);
             let at = now();
-            let since = *since.get_or_insert(started.unwrap_or(at));
+            let since = *since.get_or_insert(started.or(call.pending_since()).unwrap_or(at));
             // Until the end the store confirmed, also when the owner stopped counting on it
             // (an action past `max_hold`): the store holds the lease until then, and a stored
-            // result spares a duplicate run after it.
-            let last = self.state.held_until().checked_sub(margin).unwrap_or(at);
+            // result spares a duplicate run after it. But for one lease at most: a store
+            // that renews and never completes must not hold the caller (and the key) until
+            // `max_hold`.
+            let last = self
+                .state
+                .held_until()
+                .checked_sub(margin)
+                .unwrap_or(at)
+                .min(after(since, self.policy.lease));
             let retry_at = after(at, backoff).min(last);
-            if !e.is_unavailable()
-                || retry_at <= at
-                // A store that renews but never completes: bounded like a hung action.
-                || at.duration_since(since) >= self.policy.max_hold
-            {
+            if !e.is_unavailable() || retry_at <= at {
                 op.metrics().completion_failed.increment(1);
                 tracing::warn!(operation = %op, key = %key, error = %e,
                     "the action ran but its outcome could not be stored; a retry after the lease expires will run it again");
@@ -392,6 +416,26 @@ impl<S: Store> Drop for Guard<'_, S> {
                 }
             }
         });
+    }
+}
+
+/// Armed while a call's `begin` is on the wire: if the call is dropped then, the `begin`
+/// may still reserve the key for an owner token nobody holds any more, so the drop hands
+/// it to [`release_orphan`] (review L4), as a `begin` that failed as unavailable is.
+pub(crate) struct OrphanGuard<'a, S: Store> {
+    pub(crate) store: &'a S,
+    pub(crate) req: &'a BeginRequest<'a>,
+    /// The end of the lease the `begin` asked for: no orphan outlives it.
+    pub(crate) until: Instant,
+    pub(crate) store_timeout: Duration,
+    pub(crate) armed: bool,
+}
+
+impl<S: Store> Drop for OrphanGuard<'_, S> {
+    fn drop(&mut self) {
+        if self.armed {
+            release_orphan(self.store, self.req, self.until, self.store_timeout);
+        }
     }
 }
 

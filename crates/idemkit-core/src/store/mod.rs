@@ -69,8 +69,10 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// itself (a response timeout; for `wait`, on top of its `timeout`). The coordinator
     /// bounds every store call by its policy's `store_timeout` (renewals by a third of the
     /// lease); when the store's own limit is within that, it skips its timer, which saves
-    /// a timer per call. Default `None`: no limit of its own, the coordinator times every
-    /// call that does not answer at once.
+    /// a timer per call. `complete` is timed whatever the store declares: a completion
+    /// that never answers would otherwise hold its caller and its key for good. Default
+    /// `None`: no limit of its own, the coordinator times every call that does not answer
+    /// at once.
     fn call_timeout(&self) -> Option<Duration> {
         None
     }
