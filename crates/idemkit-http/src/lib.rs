@@ -430,10 +430,18 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
 
     /// The base URL of your API's documentation of the layer's errors: each problem's
     /// `type` becomes `<base>/<name>` (`https://docs.example.com/errors/key-reused`) instead
-    /// of `urn:idemkit:problem:<name>`, and the answer links it
-    /// (`Link: <type>; rel="describedby"; type="text/html"`), as the draft's examples do.
+    /// of its entry in this crate's published documentation ([`PROBLEM_DOCS`], the default),
+    /// and the answer links it (`Link: <type>; rel="describedby"; type="text/html"`), as the
+    /// draft's examples do.
     pub fn problem_docs(mut self, base: impl Into<String>) -> Self {
         self.problem_docs = Some(base.into());
+        self
+    }
+
+    /// Problem types as URNs (`urn:idemkit:problem:<name>`), with no `Link` header: for an
+    /// API that links no documentation outside its own, and has none of the layer's errors.
+    pub fn problem_urns(mut self) -> Self {
+        self.problem_docs = None;
         self
     }
 
@@ -549,7 +557,7 @@ impl<S: Store> IdempotencyLayer<S> {
             authorization: true,
             lenient: false,
             retry_hint: None,
-            problem_docs: None,
+            problem_docs: Some(PROBLEM_DOCS.to_owned()),
             keep: [
                 http::header::CONTENT_TYPE,
                 http::header::CONTENT_LANGUAGE,
@@ -669,7 +677,7 @@ pub use body::ResponseBody;
 /// The HTTP types the layer's requests and responses are made of.
 pub use http;
 pub use key::{parse_key, parse_key_lenient};
-pub use problem::Problem;
+pub use problem::{PROBLEM_DOCS, Problem};
 pub use service::ResponseFuture;
 
 /// Entry points for the fuzzer (`fuzz/`), not for applications: the stored-response decoder,

@@ -4,10 +4,23 @@ use bytes::Bytes;
 use http::header::HeaderValue;
 use http::{Response, StatusCode};
 
+/// Where the layer's problems are documented by default: this enum's page in the crate's
+/// published documentation. A problem's default `type` is this page with the problem's
+/// variant as fragment (`…/enum.Problem.html#variant.KeyReused`), and the answer links it
+/// (`Link: <type>; rel="describedby"; type="text/html"`), as the draft asks (§2.7).
+pub const PROBLEM_DOCS: &str = concat!(
+    "https://docs.rs/idemkit-http/",
+    env!("CARGO_PKG_VERSION"),
+    "/idemkit_http/enum.Problem.html"
+);
+
 /// The problems the layer answers with, as `application/problem+json` (RFC 9457): each has
-/// a stable `type`, `urn:idemkit:problem:<name>`, or `<base>/<name>` under the API's own
-/// documentation with [`problem_docs`](crate::IdempotencyLayerBuilder::problem_docs) (which
-/// also links it: `Link: <type>; rel="describedby"`).
+/// a stable `type`, by default this page's entry for it ([`PROBLEM_DOCS`]), or
+/// `<base>/<name>` under the API's own documentation with
+/// [`problem_docs`](crate::IdempotencyLayerBuilder::problem_docs); either is linked
+/// (`Link: <type>; rel="describedby"`). With
+/// [`problem_urns`](crate::IdempotencyLayerBuilder::problem_urns) it is
+/// `urn:idemkit:problem:<name>`, unlinked.
 ///
 /// | problem | status | when |
 /// |---|---|---|
@@ -64,6 +77,22 @@ impl Problem {
         }
     }
 
+    /// Its variant's name (`KeyReused`): the fragment of its entry on [`PROBLEM_DOCS`].
+    fn variant(self) -> &'static str {
+        match self {
+            Problem::MissingKey => "MissingKey",
+            Problem::MalformedKey => "MalformedKey",
+            Problem::UnscopedRequest => "UnscopedRequest",
+            Problem::BodyTooLarge => "BodyTooLarge",
+            Problem::UnreadableBody => "UnreadableBody",
+            Problem::InProgress => "InProgress",
+            Problem::KeyReused => "KeyReused",
+            Problem::StoreUnavailable => "StoreUnavailable",
+            Problem::Internal => "Internal",
+            Problem::ResultUnavailable => "ResultUnavailable",
+        }
+    }
+
     /// Its status.
     pub fn status(self) -> StatusCode {
         match self {
@@ -96,11 +125,27 @@ impl Problem {
         )
     }
 
-    /// The problem's `type`: `urn:idemkit:problem:<name>`, or `<docs>/<name>` under the API's
-    /// own documentation (see
-    /// [`problem_docs`](crate::IdempotencyLayerBuilder::problem_docs)).
+    /// The problem's `type`: `urn:idemkit:problem:<name>` without documentation;
+    /// `<docs>/<name>` under the API's own documentation (see
+    /// [`problem_docs`](crate::IdempotencyLayerBuilder::problem_docs)); and for a single page
+    /// (`docs` ending in `.html`, as [`PROBLEM_DOCS`], the default), the page with the
+    /// problem's variant as fragment.
+    ///
+    /// ```
+    /// use idemkit_http::{PROBLEM_DOCS, Problem};
+    /// assert_eq!(Problem::KeyReused.type_uri(None), "urn:idemkit:problem:key-reused");
+    /// assert_eq!(
+    ///     Problem::KeyReused.type_uri(Some("https://api.example.com/errors")),
+    ///     "https://api.example.com/errors/key-reused"
+    /// );
+    /// assert_eq!(
+    ///     Problem::KeyReused.type_uri(Some(PROBLEM_DOCS)),
+    ///     format!("{PROBLEM_DOCS}#variant.KeyReused")
+    /// );
+    /// ```
     pub fn type_uri(self, docs: Option<&str>) -> String {
         match docs {
+            Some(page) if page.ends_with(".html") => format!("{page}#variant.{}", self.variant()),
             Some(base) => format!("{}/{}", base.trim_end_matches('/'), self.name()),
             None => format!("urn:idemkit:problem:{}", self.name()),
         }

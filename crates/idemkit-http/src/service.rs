@@ -3,7 +3,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
@@ -197,9 +197,11 @@ where
         keep: config.keep.clone(),
     };
     let is_final = config.is_final;
-    // Set when the handler starts: from then on the call is an owner's, and must run to its
-    // end even if the client goes away.
-    let started = Arc::new(AtomicBool::new(false));
+    // Whether the handler started (from then on the call is an owner's, and must run to its
+    // end even if the client goes away) or its client left first: decided once, by whichever
+    // comes first (review L3: a flag read by the drop while the action set it let a client
+    // that left at that instant abort a handler that had just started).
+    let started = Arc::new(Start::default());
     let starts = started.clone();
     let timing = config.clone();
     // What may be stored of the response's body; past it, the store keeps only its status
@@ -217,7 +219,14 @@ where
     let tail: Arc<Mutex<Option<Tail<ResB>>>> = Arc::new(Mutex::new(None));
     let tail_in = tail.clone();
     let run = call.codec(codec).run(move |attempt| async move {
-        starts.store(true, Ordering::SeqCst);
+        if !starts.start() {
+            // The client left first: its task is being aborted; the handler never runs.
+            return Err(NotFinal(internal(
+                &timing,
+                "the client left before the handler started",
+                &"cancelled",
+            )));
+        }
         let began = tokio::time::Instant::now();
         info.fencing = attempt.fencing_token();
         parts.extensions.insert(info);
@@ -297,6 +306,20 @@ where
                 .map(|d| d.len() as u64)
                 .sum::<u64>()
         });
+        // Where the client will take the body as whole: its exact size, or a `Content-Length`
+        // the handler set itself (hyper sends that many bytes and the client stops there).
+        // The frame that reaches it is held back like the last one (review L2).
+        let announced = exact.or_else(|| {
+            rparts
+                .headers
+                .get(http::header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        });
+        let mut seen: u64 = ready
+            .iter()
+            .filter_map(Frame::data_ref)
+            .map(|d| d.len() as u64)
+            .sum();
         // The client may be gone already: the body is read and stored all the same.
         let _ = head_tx.send(Response::from_parts(
             rparts,
@@ -323,8 +346,9 @@ where
             };
             if let Some(data) = frame.data_ref() {
                 kept.push(data, storable);
+                seen += data.len() as u64;
             }
-            if rbody.is_end_stream() {
+            if rbody.is_end_stream() || announced.is_some_and(|n| seen >= n) {
                 // The last frame: it goes out with the end, once the result is stored.
                 held = Some(frame);
                 break;
@@ -596,16 +620,51 @@ impl Kept {
 /// response is handed over.
 struct Detached {
     task: tokio::task::AbortHandle,
-    started: Arc<AtomicBool>,
+    started: Arc<Start>,
     with_client: bool,
     armed: bool,
 }
 
 impl Drop for Detached {
     fn drop(&mut self) {
-        if self.armed && (self.with_client || !self.started.load(Ordering::SeqCst)) {
+        if self.armed && (self.with_client || self.started.cancel()) {
             self.task.abort();
         }
+    }
+}
+
+/// Whether a call's handler started or its client left first: each side claims the one
+/// transition from idle, so exactly one of them wins.
+#[derive(Default)]
+struct Start(AtomicU8);
+
+impl Start {
+    const IDLE: u8 = 0;
+    const STARTED: u8 = 1;
+    const CANCELLED: u8 = 2;
+
+    /// The handler may start: `false` once the client left.
+    fn start(&self) -> bool {
+        self.0
+            .compare_exchange(
+                Self::IDLE,
+                Self::STARTED,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            )
+            .is_ok()
+    }
+
+    /// The client left: `true` if the handler had not started (and now never will).
+    fn cancel(&self) -> bool {
+        self.0
+            .compare_exchange(
+                Self::IDLE,
+                Self::CANCELLED,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            )
+            .is_ok()
     }
 }
 
@@ -673,4 +732,28 @@ fn fingerprint<S>(config: &Config<S>, parts: &http::request::Parts, body: &Bytes
     }
     fields.push(body);
     Fingerprint::of_parts(fields)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Start;
+
+    /// Review L3: the handler's start and its client's leaving exclude each other, from
+    /// either side and from two threads at once.
+    #[test]
+    fn a_handler_starts_or_its_client_cancels_never_both() {
+        let s = Start::default();
+        assert!(s.start());
+        assert!(!s.cancel(), "a started handler was cancelled");
+        let s = Start::default();
+        assert!(s.cancel());
+        assert!(!s.start(), "a cancelled call started its handler");
+        for _ in 0..1_000 {
+            let s = std::sync::Arc::new(Start::default());
+            let other = s.clone();
+            let cancel = std::thread::spawn(move || other.cancel());
+            let started = s.start();
+            assert_ne!(started, cancel.join().unwrap(), "both or neither won");
+        }
+    }
 }

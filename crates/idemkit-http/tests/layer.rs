@@ -321,7 +321,10 @@ async fn a_replay_is_marked_and_byte_for_byte_and_a_reused_key_is_422_also_mid_f
     tokio::time::sleep(Duration::from_millis(100)).await;
     let reused = post_to(&client, &pay, Some(&k), Some("t1"), b"pay 99").await;
     assert_eq!(reused.status(), StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(problem_type(reused).await, "urn:idemkit:problem:key-reused");
+    assert_eq!(
+        problem_type(reused).await,
+        idemkit_http::Problem::KeyReused.type_uri(Some(idemkit_http::PROBLEM_DOCS))
+    );
     let first = first.await.unwrap();
     assert_eq!(first.status(), StatusCode::CREATED);
     assert!(first.headers().get(REPLAYED).is_none());
@@ -376,7 +379,7 @@ async fn keys_are_scoped_and_an_unscoped_request_is_refused() {
     assert_eq!(unscoped.status(), StatusCode::FORBIDDEN);
     assert_eq!(
         problem_type(unscoped).await,
-        "urn:idemkit:problem:unscoped-request"
+        idemkit_http::Problem::UnscopedRequest.type_uri(Some(idemkit_http::PROBLEM_DOCS))
     );
     assert_eq!(app.runs.load(Ordering::SeqCst), 2);
     // The extractor sees the key and the scope.
@@ -406,12 +409,15 @@ async fn a_missing_required_key_or_a_malformed_one_is_400_and_a_large_body_413()
     assert_eq!(missing.status(), StatusCode::BAD_REQUEST);
     assert_eq!(
         problem_type(missing).await,
-        "urn:idemkit:problem:missing-key"
+        idemkit_http::Problem::MissingKey.type_uri(Some(idemkit_http::PROBLEM_DOCS))
     );
     for bad in ["two words", "\"unterminated", &"x".repeat(256)] {
         let r = post_to(&client, &pay, Some(bad), None, b"x").await;
         assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{bad}");
-        assert_eq!(problem_type(r).await, "urn:idemkit:problem:malformed-key");
+        assert_eq!(
+            problem_type(r).await,
+            idemkit_http::Problem::MalformedKey.type_uri(Some(idemkit_http::PROBLEM_DOCS))
+        );
     }
     let big = post_to(
         &client,
@@ -470,7 +476,7 @@ async fn with_the_store_down_the_answer_is_503_and_nothing_runs() {
     assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(
         problem_type(r).await,
-        "urn:idemkit:problem:store-unavailable"
+        idemkit_http::Problem::StoreUnavailable.type_uri(Some(idemkit_http::PROBLEM_DOCS))
     );
     assert_eq!(app.runs.load(Ordering::SeqCst), 0);
 }

@@ -345,7 +345,7 @@ async fn retry_after_is_what_is_left_of_a_typical_run() {
 }
 
 /// Before: problem types were `urn:idemkit:problem:…` with no way to point at the API's
-/// own documentation; the draft's examples link it.
+/// own documentation, and by default no link at all; the draft's examples link it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn problems_can_link_the_apis_own_documentation() {
     let documented = IdempotencyLayer::builder(
@@ -374,13 +374,42 @@ async fn problems_can_link_the_apis_own_documentation() {
         problem["type"],
         "https://docs.example.com/errors/missing-key"
     );
-    // Without the option: the stable URN, no link.
+    // Without the option: the problem's entry in the crate's published documentation,
+    // linked (before: a URN and no link, against the draft's §2.7).
     let url = format!(
         "{}/pay",
         support::serve(
             Router::new()
                 .route("/pay", post(|| async { StatusCode::CREATED }))
                 .layer(layer())
+        )
+        .await
+    );
+    let malformed = send(&url, "(x)", "{}").await;
+    let published = format!("{}#variant.MalformedKey", idemkit_http::PROBLEM_DOCS);
+    assert_eq!(
+        malformed.headers()["link"],
+        format!(r#"<{published}>; rel="describedby"; type="text/html""#).as_str()
+    );
+    let problem: serde_json::Value =
+        serde_json::from_slice(&malformed.bytes().await.unwrap()).unwrap();
+    assert_eq!(problem["type"], published.as_str());
+    // With `problem_urns`: the stable URN, no link.
+    let urns = IdempotencyLayer::builder(
+        Coordinator::new(MemoryStore::new()),
+        Operation::new("http.docs").unwrap(),
+    )
+    .global_scope("global")
+    .unwrap()
+    .problem_urns()
+    .build()
+    .unwrap();
+    let url = format!(
+        "{}/pay",
+        support::serve(
+            Router::new()
+                .route("/pay", post(|| async { StatusCode::CREATED }))
+                .layer(urns)
         )
         .await
     );
@@ -440,7 +469,10 @@ async fn a_response_too_large_to_store_replays_as_done_with_a_stable_problem() {
     assert_eq!(again.headers()["idempotent-replayed"], "true");
     assert_eq!(again.headers()["content-type"], "application/problem+json");
     let problem: serde_json::Value = serde_json::from_slice(&again.bytes().await.unwrap()).unwrap();
-    assert_eq!(problem["type"], "urn:idemkit:problem:result-unavailable");
+    assert_eq!(
+        problem["type"],
+        idemkit_http::Problem::ResultUnavailable.type_uri(Some(idemkit_http::PROBLEM_DOCS))
+    );
     assert_eq!(problem["status"], 201);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }

@@ -183,7 +183,10 @@ async fn an_internal_error_answers_an_id_and_logs_the_text() {
         .unwrap();
     assert_eq!(resp.status(), StatusCode::INTERNAL_SERVER_ERROR);
     let problem: serde_json::Value = serde_json::from_str(&body(resp).await).unwrap();
-    assert_eq!(problem["type"], "urn:idemkit:problem:internal");
+    assert_eq!(
+        problem["type"],
+        idemkit_http::Problem::Internal.type_uri(Some(idemkit_http::PROBLEM_DOCS))
+    );
     let detail = problem["detail"].as_str().unwrap();
     assert!(
         !detail.contains("corrupt") && !detail.contains("record") && !detail.contains("garbage"),

@@ -318,7 +318,10 @@ async fn the_layer_holds_a_few_frames_of_a_large_body_not_the_body() {
     assert_eq!(again.status(), StatusCode::OK);
     let problem: serde_json::Value =
         serde_json::from_slice(&again.into_body().collect().await.unwrap().to_bytes()).unwrap();
-    assert_eq!(problem["type"], "urn:idemkit:problem:result-unavailable");
+    assert_eq!(
+        problem["type"],
+        idemkit_http::Problem::ResultUnavailable.type_uri(Some(idemkit_http::PROBLEM_DOCS))
+    );
     assert_eq!(
         problem["detail"]
             .as_str()
@@ -361,7 +364,9 @@ async fn cancelling_with_the_client_drops_a_streamed_body_too() {
 /// the store holds `complete` for a moment; were the end sent first, the retry would come
 /// while the key is still reserved). For a streamed body of known length (`Content-Length`),
 /// whose last byte is its end, the last frame waits for the store; a body whole at once goes
-/// out with its head once stored.
+/// out with its head once stored. A stream whose handler announced its length in a
+/// `Content-Length` header of its own is held back at its last announced byte too (review L2:
+/// before, only a body that said `is_end_stream` was, and this retry got `409`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_has_the_whole_response_retries_into_the_replay() {
     let store = idemkit_test::Probe::new(MemoryStore::new());
@@ -385,6 +390,19 @@ async fn a_client_that_has_the_whole_response_retries_into_the_replay() {
             post(|| async { Response::new(Body::new(Sized(later(), 12))) }),
         )
         .route("/plain", post(|| async { "first second" }))
+        // A stream of unknown length whose handler set `Content-Length` itself (hyper
+        // honours it): its client has the whole response when the announced bytes are in.
+        .route(
+            "/announced",
+            post(|| async {
+                let mut resp = Response::new(Body::new(later()));
+                resp.headers_mut().insert(
+                    http::header::CONTENT_LENGTH,
+                    http::HeaderValue::from_static("12"),
+                );
+                resp
+            }),
+        )
         .layer(layer);
     let base = serve(app).await;
     let base = base.trim_end_matches("/export");
@@ -392,6 +410,7 @@ async fn a_client_that_has_the_whole_response_retries_into_the_replay() {
         ("/export", "\"k-7\""),
         ("/download", "\"k-8\""),
         ("/plain", "\"k-9\""),
+        ("/announced", "\"k-10\""),
     ] {
         let url = format!("{base}{path}");
         store.hold_complete();
