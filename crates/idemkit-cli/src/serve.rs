@@ -32,7 +32,7 @@ use crate::listing::{
     survey,
 };
 use crate::ops::{Exit, StoreArgs, Target, connect, fail, redact};
-use crate::templates::{self, Status, query_escape};
+use crate::templates::{self, Status};
 
 /// The server's options.
 #[derive(Debug, Clone, clap::Args)]
@@ -66,6 +66,49 @@ struct App {
     /// The host names a request may name (lowercase, without port).
     hosts: Vec<String>,
     soon: Duration,
+    /// What the page's last writes did, by number: the page shows `?done=<n>` only if this
+    /// server wrote note `n` (review L10: a text in the query was shown as it came, so a
+    /// link could put any sentence on the operator's trusted page).
+    notes: std::sync::Mutex<Notes>,
+}
+
+/// The last [`Notes::KEPT`] notes of the page's writes, numbered.
+#[derive(Default)]
+struct Notes {
+    next: u64,
+    kept: std::collections::VecDeque<(u64, String)>,
+}
+
+impl Notes {
+    const KEPT: usize = 32;
+
+    fn add(&mut self, text: String) -> u64 {
+        self.next += 1;
+        if self.kept.len() == Self::KEPT {
+            self.kept.pop_front();
+        }
+        self.kept.push_back((self.next, text));
+        self.next
+    }
+
+    fn get(&self, n: u64) -> Option<&str> {
+        self.kept
+            .iter()
+            .find(|(at, _)| *at == n)
+            .map(|(_, t)| t.as_str())
+    }
+}
+
+impl App {
+    /// Keeps `text` as a note and redirects to the page showing it.
+    fn done(&self, text: String) -> Response {
+        let n = self
+            .notes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .add(text);
+        Redirect::to(&format!("/?done={n}")).into_response()
+    }
 }
 
 /// The most reservations the page lists (the oldest ones).
@@ -115,6 +158,7 @@ pub(crate) async fn serve(store: &StoreArgs, args: &ServeArgs) -> Exit {
         },
         hosts: allowed_hosts(addr, &args.allow_hosts),
         soon: args.soon,
+        notes: std::sync::Mutex::default(),
     });
     let router = axum::Router::new()
         .route("/", get(page))
@@ -247,11 +291,18 @@ async fn page(State(app): State<Arc<App>>, Query(done): Query<Done>) -> Response
         &survey.by_op,
     );
     let facts = store_facts(&app.target).await;
+    let note = done.done.and_then(|n| n.parse::<u64>().ok()).and_then(|n| {
+        app.notes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(n)
+            .map(str::to_owned)
+    });
     let page = templates::status(&Status {
         store: &app.store,
         writes: app.writes,
         now,
-        done: done.done.as_deref(),
+        done: note.as_deref(),
         total,
         shown: SHOWN,
         reservations,
@@ -403,10 +454,16 @@ fn may_write(app: &App, headers: &HeaderMap, token: &str) -> Option<Response> {
             .get("sec-fetch-site")
             .is_some_and(|s| s.as_bytes() == b"same-origin"),
     };
-    if token != app.token || !same_origin {
+    if !same_secret(token.as_bytes(), app.token.as_bytes()) || !same_origin {
         return Some((StatusCode::FORBIDDEN, "a write from outside this page").into_response());
     }
     None
+}
+
+/// Compares a posted token with the page's in time that depends on its length only, not on
+/// where the first difference is (review L10: `!=` stops at the first differing byte).
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 #[derive(Debug, Deserialize)]
@@ -446,7 +503,7 @@ async fn release(
         }
         Err(e) => return unavailable(e),
     };
-    Redirect::to(&format!("/?done={}", query_escape(&done))).into_response()
+    app.done(done)
 }
 
 #[derive(Debug, Deserialize)]
@@ -479,7 +536,7 @@ async fn purge(
                 "Purged {} {} records of {} ({} changed meanwhile and were left).",
                 done.purged, f.state, f.operation, done.changed
             );
-            Redirect::to(&format!("/?done={}", query_escape(&text))).into_response()
+            app.done(text)
         }
         Err(e) => unavailable(e),
     }

@@ -244,3 +244,46 @@ async fn a_write_needs_a_same_origin_proof() {
     );
     assert_eq!(post(vec![("origin", server.base.clone())]).await, 303);
 }
+
+/// Review L10: the page shows what its own writes did, never a text a link brings: a
+/// `?done=` that the server did not write shows nothing (before: it was shown as it came,
+/// so a crafted link put any sentence on the operator's trusted page).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_shows_only_what_its_own_writes_did() {
+    let Some((server, _, _)) = served(&["--allow-writes"]).await else {
+        return;
+    };
+    let http = client();
+    let page = |path: String| {
+        let (http, base) = (http.clone(), server.base.clone());
+        async move {
+            http.get(format!("{base}{path}"))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap()
+        }
+    };
+    let spoofed = page("/?done=Your%20store%20was%20breached%3A%20run%20this".into()).await;
+    assert!(!spoofed.contains("breached"), "a link's text on the page");
+    let token = token(&http, &server.base).await;
+    let purged = http
+        .post(format!("{}/purge", server.base))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("origin", server.base.clone())
+        .body(format!(
+            "operation=mail.invoice&state=completed&token={token}"
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(purged.status().as_u16(), 303);
+    let location = purged.headers()["location"].to_str().unwrap().to_string();
+    let shown = page(location).await;
+    assert!(
+        shown.contains("Purged 1 completed records of mail.invoice"),
+        "the purge's own note is shown"
+    );
+}

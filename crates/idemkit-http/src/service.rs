@@ -207,7 +207,8 @@ where
     // What may be stored of the response's body; past it, the store keeps only its status
     // and size (`Stored::omitted`).
     let policy = config.coordinator.policy_for(&config.operation);
-    let storable = policy.max_result_bytes.saturating_sub(HEADROOM);
+    let max_result_bytes = policy.max_result_bytes;
+    let storable = max_result_bytes.saturating_sub(HEADROOM);
     // How long a frame may wait for its client to make room (review M3): storing the
     // response must go at the handler's pace, never the client's, or a client that stops
     // reading holds the key (and, past `max_hold`, gets its handler run twice).
@@ -277,7 +278,7 @@ where
                     let whole = Response::from_parts(rparts, ResponseBody::whole(ready));
                     *tail_in.lock().unwrap_or_else(PoisonError::into_inner) =
                         Some(Tail::Whole(head_tx, whole));
-                    return Ok(kept.into_stored(status, headers));
+                    return Ok(kept.into_stored(status, headers, max_result_bytes));
                 }
                 Poll::Ready(Some(Err(e))) => {
                     timing.recent.record(began.elapsed());
@@ -364,7 +365,7 @@ where
         timing.recent.record(began.elapsed());
         *tail_in.lock().unwrap_or_else(PoisonError::into_inner) =
             Some(Tail::Streamed { out, held });
-        Ok(kept.into_stored(status, headers))
+        Ok(kept.into_stored(status, headers, max_result_bytes))
     });
     // Once reserved, the call runs to its end in a task of its own whatever the client does:
     // a client that timed out and disconnected retries, and that retry must wait for (or
@@ -594,12 +595,21 @@ impl Kept {
         matches!(self, Kept::Over(_))
     }
 
-    fn into_stored(self, status: StatusCode, headers: HeaderMap) -> Stored {
+    /// The copy to store, at most `limit` bytes encoded: past it (a body over its room, or
+    /// kept headers that take more than the room left them: review L10), its status and
+    /// size only.
+    fn into_stored(self, status: StatusCode, headers: HeaderMap, limit: usize) -> Stored {
         let (body, omitted) = match self {
             Kept::Empty => (Bytes::new(), None),
             Kept::One(b) => (b, None),
             Kept::Many(b) => (b.freeze(), None),
             Kept::Over(size) => (Bytes::new(), Some(size)),
+        };
+        let (body, omitted) = match omitted {
+            None if crate::stored::encoded_len(&headers, body.len()) > limit => {
+                (Bytes::new(), Some(body.len() as u64))
+            }
+            other => (body, other),
         };
         Stored {
             status,

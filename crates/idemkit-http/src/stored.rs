@@ -31,6 +31,7 @@ pub(crate) struct ResponseCodec {
 
 impl Codec<Stored> for ResponseCodec {
     fn encode(&self, r: &Stored) -> Result<Vec<u8>, idemkit_core::store::BoxError> {
+        // (`encoded_len` below counts exactly what this writes.)
         if let Some(size) = r.omitted {
             let mut out = Vec::with_capacity(14);
             out.extend_from_slice(b"IDU1");
@@ -106,6 +107,15 @@ impl Codec<Stored> for ResponseCodec {
     }
 }
 
+/// The size [`ResponseCodec`] encodes a response of these (kept) headers and body to.
+pub(crate) fn encoded_len(headers: &http::HeaderMap, body: usize) -> usize {
+    8 + headers
+        .iter()
+        .map(|(n, v)| 6 + n.as_str().len() + v.len())
+        .sum::<usize>()
+        + body
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,5 +142,25 @@ mod tests {
         let mut longer = bytes.clone();
         longer.push(0);
         assert!(codec.decode(&longer).is_err(), "trailing bytes");
+    }
+
+    #[test]
+    fn encoded_len_is_what_encode_writes() {
+        let codec = ResponseCodec {
+            keep: Arc::new(vec![http::header::CONTENT_TYPE, http::header::LOCATION]),
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert(http::header::CONTENT_TYPE, "text/plain".parse().unwrap());
+        headers.append(http::header::LOCATION, "/a".parse().unwrap());
+        headers.append(http::header::LOCATION, "/bb".parse().unwrap());
+        let body = Bytes::from_static(b"hello");
+        let len = encoded_len(&headers, body.len());
+        let r = Stored {
+            status: StatusCode::OK,
+            headers,
+            body,
+            omitted: None,
+        };
+        assert_eq!(codec.encode(&r).unwrap().len(), len);
     }
 }

@@ -476,3 +476,56 @@ async fn a_response_too_large_to_store_replays_as_done_with_a_stable_problem() {
     assert_eq!(problem["status"], 201);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// Review L10: a response whose body fits but whose kept headers push the stored copy over
+/// `max_result_bytes` (a `Location` of 7 KB) replays as `result-unavailable` under its
+/// original status, as a too-large body does.
+///
+/// Before: the body alone was measured against the room left for it, the stored copy went
+/// over the limit, the coordinator kept the key as "result unavailable" without the layer's
+/// copy, and every retry was a `500 internal`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_whose_headers_make_it_too_large_replays_as_done() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let r = runs.clone();
+    let policy = idemkit_core::Policy::new().max_result_bytes(8 * 1024);
+    let layer = IdempotencyLayer::builder(
+        Coordinator::builder(MemoryStore::new())
+            .policy(policy)
+            .build(),
+        Operation::new("http.large").unwrap(),
+    )
+    .global_scope("global")
+    .unwrap()
+    .build()
+    .unwrap();
+    let app = Router::new()
+        .route(
+            "/report",
+            post(move || {
+                let r = r.clone();
+                async move {
+                    r.fetch_add(1, Ordering::SeqCst);
+                    let location = format!("/reports/{}", "r".repeat(7 * 1024));
+                    (
+                        StatusCode::CREATED,
+                        [(http::header::LOCATION, location)],
+                        "x".repeat(2048),
+                    )
+                }
+            }),
+        )
+        .layer(layer);
+    let url = format!("{}/report", support::serve(app).await);
+    let k = key();
+    let first = send(&url, &k, "{}").await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let again = send(&url, &k, "{}").await;
+    assert_eq!(again.status(), StatusCode::CREATED, "not a 500: done");
+    let problem: serde_json::Value = serde_json::from_slice(&again.bytes().await.unwrap()).unwrap();
+    assert_eq!(
+        problem["type"],
+        idemkit_http::Problem::ResultUnavailable.type_uri(Some(idemkit_http::PROBLEM_DOCS))
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
