@@ -139,8 +139,10 @@ impl Statements {
             // completed the row (a renewal that crossed its owner's completion). A statement
             // of its own, so its snapshot sees a completion that committed while the
             // renewal's `UPDATE` waited on the row.
+            // Returns the row's waiting flag: a retried completion notifies too, since the
+            // first try's notification may never have gone out (review L10).
             completed_by: format!(
-                "SELECT 1 FROM {t} WHERE {owned} AND state = 2 AND expires_at > clock_timestamp()"
+                "SELECT waiting FROM {t} WHERE {owned} AND state = 2 AND expires_at > clock_timestamp()"
             ),
             // Raises the fencing sequence past a token written by hand (`put_raw`), so that
             // the next reservation's token is larger. Only ever forward: the check and the

@@ -259,33 +259,30 @@ impl PgStore {
             .await
             .and_then(|row| row.map(|row| row.try_get(0)).transpose())
             .map_err(|e| self.err(e))?;
-        match waiting {
-            Some(false) => Ok(()),
-            // A waiter flagged the row: wake it (a statement of its own, needed only then).
-            Some(true) => {
-                sqlx::query(&self.inner.sql.notify)
-                    .bind(key.as_str())
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                Ok(())
-            }
+        let waiting = match waiting {
+            Some(waiting) => waiting,
             // Not ours to complete now, unless this very lease completed it already (a
-            // retried completion, whose first reply was lost): that is success.
-            None => {
-                let completed = sqlx::query(&self.inner.sql.completed_by)
-                    .bind(key.as_str())
-                    .bind(&owner_bytes(ownership)[..])
-                    .bind(fencing_i64(ownership.fencing))
-                    .fetch_optional(&mut *conn)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                match completed {
-                    Some(_) => Ok(()),
-                    None => Err(StoreError::lease_lost()),
-                }
-            }
+            // retried completion, whose first reply was lost): that is success, and its
+            // waiters are woken again (the first try may have stopped before its NOTIFY).
+            None => sqlx::query(&self.inner.sql.completed_by)
+                .bind(key.as_str())
+                .bind(&owner_bytes(ownership)[..])
+                .bind(fencing_i64(ownership.fencing))
+                .fetch_optional(&mut *conn)
+                .await
+                .and_then(|row| row.map(|row| row.try_get::<bool, _>(0)).transpose())
+                .map_err(|e| self.err(e))?
+                .ok_or_else(StoreError::lease_lost)?,
+        };
+        if waiting {
+            // A waiter flagged the row: wake it (a statement of its own, needed only then).
+            sqlx::query(&self.inner.sql.notify)
+                .bind(key.as_str())
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| self.err(e))?;
         }
+        Ok(())
     }
 }
 

@@ -472,3 +472,47 @@ async fn a_record_written_by_hand_keeps_fencing_tokens_increasing() {
         other => panic!("{other:?}"),
     }
 }
+
+/// Review L10: a completion whose notification never went out (its call dropped, or timed
+/// out, between the `UPDATE` and the `NOTIFY`, which is a statement of its own) is retried
+/// (the coordinator's retry, or a dropped call's guard), and the retry, finding the row
+/// completed by its own lease, wakes the waiters the row says there are.
+///
+/// Before: the retry answered success without notifying, and the waiter slept until its
+/// re-check (here a minute; 2 s by default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_completion_wakes_the_waiters_the_first_did_not() {
+    let Some(pool) = support::pool().await else {
+        return;
+    };
+    let store = slow_recheck_store(pool.clone()).await;
+    let k = key("lost-notify");
+    let lease = reserve(&store, &k, Duration::from_secs(60)).await;
+    let waiter = {
+        let (store, k) = (store.clone(), k.clone());
+        tokio::spawn(async move { store.wait(&k, lease.fencing, Duration::from_secs(60)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The first completion's UPDATE, and no NOTIFY after it.
+    let updated = sqlx::query(
+        "UPDATE idemkit_test.records SET state = 2, kind = $2, result = '\\x31', \
+           expires_at = clock_timestamp() + interval '60 seconds' \
+         WHERE key = $1 AND state = 1 RETURNING waiting",
+    )
+    .bind(k.as_str())
+    .bind(i16::from(ResultKind::Value.to_byte()))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(
+        sqlx::Row::get::<bool, _>(&updated, 0),
+        "the waiter flagged the row"
+    );
+    let done = CompleteRequest::new(ResultKind::Value, "1", Duration::from_secs(60));
+    store.complete(&k, &lease, &done).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(20), waiter)
+        .await
+        .expect("the retried completion did not wake the waiter")
+        .unwrap()
+        .unwrap();
+}
