@@ -547,7 +547,7 @@ async fn a_rejected_duplicate_is_told_the_hint_not_the_whole_lease() {
 fn errors_display_whatever_the_action_error_is() {
     struct NotDisplay;
     let e: Error<NotDisplay> = Error::Action(NotDisplay);
-    assert_eq!(e.to_string(), "the action failed; its key was released");
+    assert_eq!(e.to_string(), "the action failed; a retry runs it again");
     assert_eq!(
         e.disposition(),
         idemkit_core::Disposition::Retry { after: None }

@@ -93,7 +93,11 @@ pub(crate) struct Listener {
 
 impl Listener {
     /// Makes sure the store listens on `channel`; returns once the `LISTEN` has been
-    /// acknowledged, so every notification sent after this returns is delivered.
+    /// acknowledged (the first time), so a notification sent after this returns is
+    /// delivered while that connection holds. When it drops, notifications sent until the
+    /// listener has reconnected and listens again (on its next receive) are lost: the
+    /// listening task then wakes every waiter, each of which asks `begin` again, and the
+    /// waiters' own re-check covers the time the connection stays down.
     pub(crate) async fn ensure(
         &self,
         pool: &PgPool,

@@ -44,19 +44,60 @@ fn glob_escape(text: &str, out: &mut String) {
     }
 }
 
-/// The cursor's text: `{node}:{SCAN cursor}`, the node being an index into the Cluster's
-/// primaries in address order (always 0 on one server).
-fn parse_cursor(cursor: Option<&ScanCursor>) -> Result<(usize, u64), StoreError> {
-    let Some(c) = cursor else { return Ok((0, 0)) };
-    c.as_str()
-        .split_once(':')
-        .and_then(|(n, c)| Some((n.parse().ok()?, c.parse().ok()?)))
-        .ok_or_else(|| {
+/// Where a walk stands: the `SCAN` cursor, and on a Cluster the primary it walks, by
+/// address (review L7: an index into the primaries named another node once the topology
+/// changed, and the walk skipped or repeated whole nodes).
+#[derive(Debug, PartialEq, Eq)]
+struct Cursor {
+    at: u64,
+    node: Option<(String, u16)>,
+}
+
+impl Cursor {
+    /// The cursor's text: `{SCAN cursor}` on one server, `{SCAN cursor}@{host}:{port}` on a
+    /// Cluster.
+    fn parse(cursor: Option<&ScanCursor>) -> Result<Cursor, StoreError> {
+        let Some(c) = cursor else {
+            return Ok(Cursor { at: 0, node: None });
+        };
+        let text = c.as_str();
+        let parsed = match text.split_once('@') {
+            None => text.parse().ok().map(|at| Cursor { at, node: None }),
+            Some((at, addr)) => addr.rsplit_once(':').and_then(|(host, port)| {
+                Some(Cursor {
+                    at: at.parse().ok()?,
+                    node: Some((host.to_owned(), port.parse().ok()?)),
+                })
+            }),
+        };
+        parsed.ok_or_else(|| {
             StoreError::new(
                 StoreErrorKind::Rejected,
-                format!("{:?} is not a Redis scan cursor", c.as_str()),
+                format!("{text:?} is not a Redis scan cursor"),
             )
         })
+    }
+
+    fn text(at: u64, node: Option<&(String, u16)>) -> ScanCursor {
+        ScanCursor::new(match node {
+            None => format!("{at}"),
+            Some((host, port)) => format!("{at}@{host}:{port}"),
+        })
+    }
+
+    /// Which of the Cluster's primaries (in address order) the walk goes on with, and from
+    /// which `SCAN` cursor: the one it names; if that one is no longer a primary (a failover,
+    /// a node removed), the next in address order from its start (the keys it held may be
+    /// missed: a walk across a topology change is best effort, as `SCAN` is).
+    fn resume(&self, primaries: &[(String, u16)]) -> Option<(usize, u64)> {
+        let Some(node) = &self.node else {
+            return (!primaries.is_empty()).then_some((0, self.at));
+        };
+        match primaries.binary_search(node) {
+            Ok(i) => Some((i, self.at)),
+            Err(i) => (i < primaries.len()).then_some((i, 0)),
+        }
+    }
 }
 
 /// The Cluster's primaries, `(host, port)` in address order, from `CLUSTER SHARDS`'
@@ -165,7 +206,7 @@ impl Scan for RedisStore {
         cursor: Option<&ScanCursor>,
         count: usize,
     ) -> Result<ScanPage, StoreError> {
-        let (node, at) = parse_cursor(cursor)?;
+        let cursor = Cursor::parse(cursor)?;
         let mut pattern = String::new();
         glob_escape(&self.shared.prefix, &mut pattern);
         pattern.push_str(":{*}:");
@@ -180,17 +221,18 @@ impl Scan for RedisStore {
         // keys after a call that found none (growing after a call that found some would let a
         // page swallow a small keyspace whole).
         let mut conn = self.conn.clone();
-        let (route, nodes) = match &mut conn {
+        let (route, nodes, node, at) = match &mut conn {
             Conn::Cluster(c) => {
                 let nodes = primaries(&mut Conn::Cluster(c.clone())).await?;
-                let Some((host, port)) = nodes.get(node).cloned() else {
+                let Some((node, at)) = cursor.resume(&nodes) else {
                     return Ok(ScanPage::new(Vec::new(), None, 0));
                 };
+                let (host, port) = nodes[node].clone();
                 let route =
                     RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
-                (Some(route), nodes.len())
+                (Some(route), nodes, node, at)
             }
-            _ => (None, 1),
+            _ => (None, Vec::new(), 0, cursor.at),
         };
         let want = count.max(1);
         let (mut at, mut examine, mut calls) = (at, want, 0);
@@ -223,11 +265,9 @@ impl Scan for RedisStore {
             }
         };
         let next = if next_at != 0 {
-            Some(ScanCursor::new(format!("{node}:{next_at}")))
-        } else if node + 1 < nodes {
-            Some(ScanCursor::new(format!("{}:0", node + 1)))
+            Some(Cursor::text(next_at, nodes.get(node)))
         } else {
-            None
+            nodes.get(node + 1).map(|next| Cursor::text(0, Some(next)))
         };
         let ours: Vec<(String, StorageKey)> = rkeys
             .into_iter()
@@ -281,5 +321,57 @@ impl Scan for RedisStore {
         })
         .await?;
         Ok(removed == 1)
+    }
+}
+
+#[cfg(test)]
+mod cursor_tests {
+    use super::*;
+
+    fn node(port: u16) -> (String, u16) {
+        ("127.0.0.1".to_owned(), port)
+    }
+
+    #[test]
+    fn a_cursor_names_its_node_by_address_and_reads_back() {
+        for (at, n) in [
+            (0, None),
+            (17, None),
+            (5, Some(node(7001))),
+            (0, Some(node(9))),
+        ] {
+            let text = Cursor::text(at, n.as_ref());
+            let back = Cursor::parse(Some(&text)).unwrap();
+            assert_eq!(back, Cursor { at, node: n });
+        }
+        let v6 = ScanCursor::new("3@::1:7000");
+        assert_eq!(
+            Cursor::parse(Some(&v6)).unwrap().node,
+            Some(("::1".to_owned(), 7000))
+        );
+        for bad in ["x", "1@host", "1@host:port", ""] {
+            assert!(
+                Cursor::parse(Some(&ScanCursor::new(bad))).is_err(),
+                "{bad:?}"
+            );
+        }
+    }
+
+    /// Review L7: a node added before the cursor's in address order, or the cursor's node
+    /// gone, must not send the walk back over nodes it walked or past nodes it did not.
+    #[test]
+    fn a_walk_resumes_at_its_node_after_a_topology_change() {
+        let at_b = Cursor {
+            at: 42,
+            node: Some(node(7002)),
+        };
+        // Before: index 1 of [7001, 7002, 7003]; a node 7000 added made index 1 name 7001.
+        let grown = [node(7000), node(7001), node(7002), node(7003)];
+        assert_eq!(at_b.resume(&grown), Some((2, 42)));
+        // 7002 failed over to 7005: go on with the next primary in order, from its start.
+        let moved = [node(7001), node(7003), node(7005)];
+        assert_eq!(at_b.resume(&moved), Some((1, 0)));
+        // Nothing after it any more: the walk is over.
+        assert_eq!(at_b.resume(&[node(7001)]), None);
     }
 }

@@ -83,7 +83,7 @@ impl std::error::Error for ActionError {
 }
 
 /// The settlement an error of the layered service asks for: idemkit's own errors by their
-/// [`Error::disposition`], the inner service's errors `Retry` (its key was released).
+/// [`Error::disposition`], the inner service's errors `Retry` (a retry runs it again).
 ///
 /// # Example
 ///

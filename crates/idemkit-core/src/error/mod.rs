@@ -60,7 +60,9 @@ pub enum Error<E> {
     /// The key was first used with a different request fingerprint; nothing ran, and nobody
     /// else's result was returned.
     KeyReused,
-    /// The action ran now and failed; its reservation was released, so a retry runs it again.
+    /// The action ran now and failed, and a retry runs it again: its reservation was
+    /// released (at once), or, for a permanent error that could not be stored, is left to
+    /// end with its lease; a run without a reservation (fail-open, `InFlight::Run`) had none.
     Action(E),
     /// The action ran now and failed permanently: the error was stored, and later calls get
     /// it as [`Error::ReplayedAction`] without running the action.
@@ -191,7 +193,7 @@ impl<E> Error<E> {
     }
 
     /// Whether trying the same call later can succeed: in flight, store unavailable, or a
-    /// fresh action failure whose key was released. A stored or replayed permanent error is
+    /// fresh action failure (its key released, or left to its lease). A stored or replayed permanent error is
     /// not retryable: every retry replays it.
     ///
     /// # Example
@@ -288,7 +290,7 @@ impl<E> fmt::Display for Error<E> {
                 retry_after.as_millis()
             ),
             Error::KeyReused => f.write_str("idempotency key reused for a different request"),
-            Error::Action(_) => f.write_str("the action failed; its key was released"),
+            Error::Action(_) => f.write_str("the action failed; a retry runs it again"),
             Error::ActionStored(_) => {
                 f.write_str("the action failed permanently; the failure was stored")
             }
