@@ -118,11 +118,22 @@ impl RedisStoreBuilder {
     /// is not acknowledged is reported like any completion failure (retried while the lease
     /// lasts, then logged and counted).
     ///
+    /// What the guard needs of the deployment: `WAIT` counts *any* `replicas` replicas that
+    /// acknowledged, so an acknowledged write survives a failover only if the promoted
+    /// replica is one of them. Either set `replicas` to every replica of the primary
+    /// (connected or not: a replica whose link is down counts too, so that a write it misses
+    /// is not acknowledged), or fail over by replication offset, promoting the most
+    /// up-to-date replica (Redis Sentinel and Cluster failovers do; a promotion by hand with
+    /// `REPLICAOF NO ONE` of any replica does not). With fewer, and a failover that promotes
+    /// a replica that lagged, a result called stored is lost and its action can run again
+    /// (`tests/replicas.rs`, `an_acknowledged_write_survives_a_failover_only_when_every_replica_counts`).
+    ///
     /// # Example
     ///
     /// ```no_run
     /// # async fn run() -> Result<(), idemkit_core::StoreError> {
     /// use std::time::Duration;
+    /// // A primary with one replica: every replica acknowledges each write.
     /// let store = idemkit_redis::RedisStore::builder()
     ///     .wait_for_replicas(1, Duration::from_millis(100))
     ///     .connect("redis://127.0.0.1:6379")

@@ -234,3 +234,82 @@ async fn with_the_guard_a_replay_is_stored_only_once_replicated() {
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+fn cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .arg("-p")
+        .arg(port.to_string())
+        .args(args)
+        .output()
+        .expect("redis-cli");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// What the durability guard needs of the deployment (review L9, the fault run's seed
+/// 746987): `WAIT n` counts any `n` replicas that acknowledged, so a write acknowledged with
+/// `n` smaller than the number of replicas is lost when a failover promotes one of the
+/// others (one that lagged: here its link is down when the write is made). With `n` equal
+/// to every replica the same write is not acknowledged, and its caller is told so
+/// (`stored == false`); a failover that promotes the most up-to-date replica (by replication
+/// offset, as Sentinel and Cluster failovers do) keeps it either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acknowledged_write_survives_a_failover_only_when_every_replica_counts() {
+    for every in [false, true] {
+        let primary = RedisProcess::start(&[]);
+        let p = primary.port.to_string();
+        let a = RedisProcess::start(&["--replicaof", "127.0.0.1", &p]);
+        let b = RedisProcess::start(&["--replicaof", "127.0.0.1", &p]);
+        for _ in 0..400 {
+            if replication_up(a.port) && replication_up(b.port) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        assert!(
+            replication_up(a.port) && replication_up(b.port),
+            "the replicas did not sync"
+        );
+        // B lags: its link is down (it replicates from a port nobody listens on).
+        let nowhere = support::free_port().to_string();
+        assert_eq!(cli(b.port, &["replicaof", "127.0.0.1", &nowhere]), "OK");
+        let n = if every { 2 } else { 1 };
+        let guarded = RedisStore::builder()
+            .wait_for_replicas(n, Duration::from_millis(300))
+            .connect(&primary.url())
+            .await
+            .unwrap();
+        let c = Coordinator::new(guarded.clone());
+        let (op, key) = (
+            Operation::new("mail.invoice").unwrap(),
+            Key::new("order-1").unwrap(),
+        );
+        let receipt = c
+            .call(&op, &key)
+            .run(|_| async { Ok::<_, Infallible>("em_1".to_string()) })
+            .await;
+        // The failover promotes B.
+        assert_eq!(cli(b.port, &["replicaof", "no", "one"]), "OK");
+        let promoted = RedisStore::connect(&b.url()).await.unwrap();
+        let kept = promoted
+            .get(&StorageKey::new(&op, None, &key))
+            .await
+            .unwrap()
+            .is_some();
+        if every {
+            // Refused before anything ran (the reservation had one replica of two), or run
+            // and called unstored: nothing was acknowledged that the failover lost.
+            assert!(
+                receipt.as_ref().map_or(true, |r| !r.stored),
+                "n = every replica: {receipt:?}"
+            );
+            assert!(!kept);
+        } else {
+            let r = receipt.expect("n = 1: A acknowledged");
+            assert!(r.stored, "A acknowledged the write: {r:?}");
+            assert!(
+                !kept,
+                "B lagged: the acknowledged record is gone after promoting it"
+            );
+        }
+    }
+}
