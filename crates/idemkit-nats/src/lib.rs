@@ -208,9 +208,10 @@ where
             .messages()
             .await?;
         let stopping = shared.stopping.clone();
-        // A handler's slot: held while it runs, given back once it returned a value (its
-        // result then goes to the store and the message is acked, while the next handler
-        // runs). A message's place: held until it is acked, at most four per slot, so a slow
+        // A handler's slot: held while it runs, and while it is retried in process; given
+        // back once it returned a value (its result then goes to the store and the message
+        // is acked, while the next handler runs), or when its message is settled otherwise.
+        // A message's place: held until it is acked, at most four per slot, so a slow
         // store cannot pile up messages whose ack_wait runs.
         let slots = Arc::new(Semaphore::new(self.concurrency));
         let places = Arc::new(Semaphore::new(self.concurrency * PLACES_PER_SLOT));
@@ -242,8 +243,20 @@ where
                     let shared = shared.clone();
                     tasks.spawn(async move {
                         // The slot goes with the handler's value; if none comes (a failure
-                        // retried, a replay), with the message's settlement.
-                        handle(&shared, m, move || drop(slot)).await;
+                        // retried in place, a replay), with the message's settlement: a
+                        // retry runs in the slot of its first try (review L5: the slot went
+                        // with the first try's end, and retries ran beside the handlers
+                        // that took it, up to four per slot).
+                        let slot = std::sync::Mutex::new(Some(slot));
+                        let give_back = || {
+                            drop(
+                                slot.lock()
+                                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                                    .take(),
+                            );
+                        };
+                        handle(&shared, m, give_back).await;
+                        drop(slot);
                         drop(place);
                     });
                 }

@@ -342,3 +342,66 @@ async fn the_next_handler_runs_while_a_result_is_stored() {
     assert_eq!(settled_held, 0, "settled while every completion was held");
     assert!(all_settled, "{:?}", log.lock().unwrap());
 }
+
+/// Review L5: `concurrency` counts running handlers, their retries in process included. 8
+/// messages whose handlers fail (each takes 100 ms) are retried in place, with 2 slots: at
+/// no time do more than 2 handlers run.
+///
+/// Before: a handler's slot was given back at its first failure, and its retries ran beside
+/// the handlers of the messages that took the slot: up to 4 per slot (8 here) at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn retries_in_process_run_within_the_concurrency() {
+    let Some(url) = server() else { return };
+    let (js, subject, consumer) = consumer(&url, Duration::from_secs(30), 50).await;
+    for i in 0..8 {
+        publish(&js, &subject, &format!("order-{i}")).await;
+    }
+    let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let processor = {
+        let (running, most) = (running.clone(), most.clone());
+        Processor::new(
+            Coordinator::new(MemoryStore::new()),
+            op(),
+            |m: &Message| Key::new(body(m)),
+            move |_m: Message, _| {
+                let (running, most) = (running.clone(), most.clone());
+                async move {
+                    use std::sync::atomic::Ordering::SeqCst;
+                    let now = running.fetch_add(1, SeqCst) + 1;
+                    most.fetch_max(now, SeqCst);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    running.fetch_sub(1, SeqCst);
+                    Err::<String, _>("the mail server said 451".to_string())
+                }
+            },
+        )
+        .retry(
+            RetryPolicy::new()
+                .max_deliveries(3)
+                .backoff(Duration::from_millis(10), Duration::from_millis(20)),
+        )
+    };
+    let log: Log = Arc::default();
+    let runner = logged(
+        JetStreamRunner::new(consumer, processor).concurrency(2),
+        &log,
+    );
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let s = stop.clone();
+    let task = tokio::spawn(runner.run(async move { s.notified().await }));
+    let all = eventually(Duration::from_secs(40), || async {
+        log.lock()
+            .unwrap()
+            .iter()
+            .filter(|e| e.1.is_final())
+            .count()
+            == 8
+    })
+    .await;
+    stop.notify_waiters();
+    task.await.unwrap().unwrap();
+    assert!(all, "{:?}", log.lock().unwrap());
+    let most = most.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(most <= 2, "{most} handlers ran at once with 2 slots");
+}
