@@ -20,8 +20,11 @@
 //!   (`idemkit inspect ... --key-secret-env VAR`).
 //!
 //! What neither protects: the record's metadata (state, owner and fencing tokens, times,
-//! the request fingerprint, which is already a hash), the operation's name, and the
-//! result's length (within the 40 bytes a sealed result adds). See SECURITY.md.
+//! the reserving process, the request fingerprint, which is an unkeyed hash), the
+//! operation's name, and the result's length (within the 40 bytes a sealed result adds).
+//! The seal binds a result to its storage key and kind, not to the record's fingerprint or
+//! generation: someone who writes the store can restore an older result of the same key, or
+//! rewrite the fingerprint a result is replayed for. See SECURITY.md.
 //!
 //! # Example
 //!
