@@ -64,8 +64,8 @@ pub(crate) struct OpMetrics {
     phase_seconds: [Histogram; PHASES.len()],
     /// Whether phases are timed: a recorder was installed when the handles were registered.
     /// Without one every handle is a no-op, and the clock reads that would only feed
-    /// `idemkit_phase_seconds` are skipped: two of a MemoryStore replay's three, a fifth of
-    /// its time (docs/benchmarks.md).
+    /// `idemkit_phase_seconds` are skipped: most of a MemoryStore replay's clock reads, a
+    /// sizeable part of its time (docs/benchmarks.md).
     timed: bool,
 }
 

@@ -1,7 +1,7 @@
 //! Which `begin` statement to send first. `begin` answers every case in one statement, but
 //! pays for all of them (reading the row, the guarded upsert, a union of both answers): a
-//! first delivery costs it a third more database CPU than a plain insert, a replay half
-//! again a plain read (docs/benchmarks.md). Most workloads are mostly one or the other: first
+//! first delivery or a replay costs the database more through it than through the plain
+//! insert or read that would answer it (the figures: docs/benchmarks.md). Most workloads are mostly one or the other: first
 //! deliveries (a queue's), or replays (retries of the same requests). So the store keeps a
 //! score of what recent `begin`s met and sends, for each call:
 //!

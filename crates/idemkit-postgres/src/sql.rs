@@ -156,7 +156,8 @@ impl Statements {
             // call, so a waiter wakes once the result is visible). No row: expired, taken
             // over, or completed by this same lease already (a retried completion: the client
             // asks `completed_by`). A plain update: the checks and the notification in one
-            // statement cost a miss a fifth more database CPU (docs/benchmarks.md).
+            // statement cost every miss more database CPU (docs/benchmarks.md) for what only
+            // a waited-on row needs.
             complete: format!(
                 "UPDATE {t} SET state = 2, kind = $4, result = $5, \
                    expires_at = clock_timestamp() + $6 * interval '1 microsecond' \

@@ -169,7 +169,7 @@ impl RedisStoreBuilder {
     /// Whether concurrent `begin`s (and `complete`s) are coalesced: while one is on the
     /// wire, later ones queue and go out together as one script call when it answers (one
     /// script entry and one clock read for many keys, which is most of what a call costs
-    /// Redis: about a quarter fewer instructions per miss, docs/benchmarks.md). Default on;
+    /// Redis: fewer instructions per miss, docs/benchmarks.md). Default on;
     /// nothing waits when nothing is queued. Each connection (see
     /// [`connections`](Self::connections)) has its own queues. Applies to one server
     /// without [`wait_for_replicas`](Self::wait_for_replicas); a Cluster never coalesces

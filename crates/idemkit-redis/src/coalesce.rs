@@ -35,9 +35,9 @@ const MAX_BATCH: usize = 16;
 /// The most script calls of one kind on one lane's wire at once (a lone call or a batch
 /// each). A call that finds the wire full waits in the queue for a reply to make room, so
 /// under load the queue fills and batches grow, where sending every queue at once made
-/// batches of four keys on average, each paying a script entry (docs/benchmarks.md: a
-/// script call costs Redis as much as five keys in it). Two, not one: the client reads one
-/// batch's reply while Redis runs the next.
+/// small batches, each paying a script entry, which costs Redis more than a key in it does
+/// (docs/benchmarks.md). Two, not one: the client reads one batch's reply while Redis runs
+/// the next.
 const MAX_IN_FLIGHT: usize = 2;
 
 /// A queued call's answer: the script's reply for its key.

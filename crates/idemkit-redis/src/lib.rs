@@ -4,8 +4,8 @@
 //!   `EVALSHA` of a Lua script (`lua/*.lua`, loaded once, reloaded on `NOSCRIPT` after a
 //!   server restart). A replay costs one command; a fresh run two. After a run of replays
 //!   (three quarters of about the last eight `begin`s), `begin` reads the key with a plain
-//!   `GET` first, about a sixth of the script's server instructions for a replay; a key
-//!   that holds no completed record then costs the `GET` and the script. A waiter adds a
+//!   `GET` first, far cheaper for Redis than the script (docs/benchmarks.md); a key that
+//!   holds no completed record then costs the `GET` and the script. A waiter adds a
 //!   `SUBSCRIBE` (once per key and process), one `EVALSHA` of `watch.lua` and a background
 //!   `UNSUBSCRIBE` when the last local waiter leaves; the durability guard adds one `WAIT`
 //!   per write phase.

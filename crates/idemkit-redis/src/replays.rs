@@ -1,7 +1,6 @@
 //! Whether a `begin` reads the key with a plain `GET` first. The `begin` script answers every
-//! case in one round trip, but a script costs Redis far more than a `GET`: a sequential
-//! replay costs the server about 43k instructions through the script, against 5k for a
-//! `GET` (docs/benchmarks.md). Replays come in runs (retries of the same requests, a
+//! case in one round trip, but a script costs Redis several times what a `GET` does (the
+//! figures: docs/benchmarks.md). Replays come in runs (retries of the same requests, a
 //! replayed Kafka batch), so the store keeps a score of what recent `begin`s met and, while
 //! most of them met a completed record, sends a `GET` first. A completed record of ours is
 //! then the answer (the script would return the same bytes unchanged); anything else (no
