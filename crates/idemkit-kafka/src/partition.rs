@@ -1,0 +1,262 @@
+//! A partition's task: its messages in offset order, each started call's completion
+//! pipelined behind the next handler, offsets stored as messages settle.
+
+use super::*;
+
+/// The receive loop's view of one assigned partition.
+pub(crate) struct Partition {
+    /// The generation its task was started with.
+    pub(crate) generation: u64,
+    /// The task's queue.
+    pub(crate) tx: mpsc::Sender<OwnedMessage>,
+    /// Messages received while the queue was full, in order; the partition is paused while
+    /// any wait here.
+    pub(crate) overflow: VecDeque<OwnedMessage>,
+    pub(crate) paused: bool,
+    pub(crate) task: tokio::task::Id,
+}
+
+/// A finished partition task: the partition it served if it died while its partition was
+/// still this member's (not revoked, not shut down).
+pub(crate) fn died(
+    done: Result<(tokio::task::Id, ()), tokio::task::JoinError>,
+    partitions: &HashMap<(String, i32), Partition>,
+    generations: &Generations,
+) -> Option<(String, i32)> {
+    let id = match done {
+        Ok((id, ())) => id,
+        Err(e) => {
+            tracing::error!(error = %e, "kafka runner: a partition task died");
+            e.id()
+        }
+    };
+    partitions
+        .iter()
+        .find(|(tp, p)| p.task == id && p.generation == generations.get(tp))
+        .map(|(tp, _)| tp.clone())
+}
+
+/// Moves waiting messages into queues with room again; resumes a partition whose overflow
+/// is empty. A revoked partition's waiting messages are dropped (its next owner gets them).
+pub(crate) fn refill(
+    consumer: &StreamConsumer<RunnerContext>,
+    partitions: &mut HashMap<(String, i32), Partition>,
+    generations: &Generations,
+) {
+    for (tp, p) in partitions.iter_mut() {
+        if p.generation != generations.get(tp) {
+            p.overflow.clear();
+        }
+        while let Some(m) = p.overflow.pop_front() {
+            match p.tx.try_send(m) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(m)) => {
+                    p.overflow.push_front(m);
+                    break;
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => {
+                    p.overflow.clear();
+                    break;
+                }
+            }
+        }
+        if p.overflow.is_empty() && p.paused {
+            p.paused = false;
+            resume(consumer, tp);
+        }
+    }
+}
+
+/// How many of a partition's messages may be started and not yet settled at once: the one
+/// whose handler runs, and those whose results are on their way to the store.
+pub(crate) const PIPELINE: usize = 64;
+
+/// A started message: its call runs in a task of its own, so that its completion goes on
+/// while the partition's next message is handled, and while an older one is settled.
+pub(crate) type Started<T> = VecDeque<(OwnedMessage, tokio::task::JoinHandle<Processed<T>>)>;
+
+pub(crate) async fn partition_task<S, K, H>(
+    shared: Arc<Shared<S, K, H>>,
+    tp: (String, i32),
+    generation: u64,
+    mut queue: mpsc::Receiver<OwnedMessage>,
+) where
+    S: Store + Send + Sync + 'static,
+    K: Fn(&OwnedMessage) -> Result<Key, KeyError> + Send + Sync + 'static,
+    H: Handle<OwnedMessage> + 'static,
+    H::Output: 'static,
+{
+    let current = || shared.generations.get(&tp) == generation;
+    let batch = shared.batch;
+    let mut pending: Vec<OwnedMessage> = Vec::with_capacity(batch);
+    // Oldest first: settled, and their offsets stored, in this order.
+    let mut started: Started<H::Output> = VecDeque::new();
+    loop {
+        // The next message; what was started meanwhile settles as it finishes.
+        let next = loop {
+            let Some((_, oldest)) = started.front_mut() else {
+                break queue.recv().await;
+            };
+            let oldest_done = tokio::select! {
+                biased;
+                joined = oldest => joined,
+                m = queue.recv() => break m,
+            };
+            if !settle_oldest(&shared, &tp, &mut started, oldest_done, &current).await {
+                return finish(started).await;
+            }
+        };
+        let Some(m) = next else { break };
+        pending.push(m);
+        // What has arrived for this partition meanwhile joins the batch (never waits for
+        // more: no latency is added when messages come one at a time).
+        while pending.len() < batch {
+            match queue.try_recv() {
+                Ok(m) => pending.push(m),
+                Err(_) => break,
+            }
+        }
+        shared.drained.notify_one();
+        if !current() {
+            break;
+        }
+        // The batch's keys reserved in one round trip; then each message starts once the
+        // one before it has handled its message (its effect happened; its completion may be
+        // on the wire), or has settled: effects in offset order, completions overlapping.
+        let mut claims = if pending.len() > 1 {
+            shared.settler.processor().prepare(&pending).await
+        } else {
+            vec![None]
+        }
+        .into_iter();
+        for message in pending.drain(..) {
+            if !current() {
+                // Revoked: the unused claims are released as they drop.
+                return finish(started).await;
+            }
+            let claim = claims.next().flatten();
+            let handled = Arc::new(tokio::sync::Notify::new());
+            let call = {
+                let (shared, message, handled) = (shared.clone(), message.clone(), handled.clone());
+                tokio::spawn(async move {
+                    let signal = move || handled.notify_one();
+                    shared
+                        .settler
+                        .processor()
+                        .process_signalled(&message, claim, 1, signal)
+                        .await
+                })
+            };
+            started.push_back((message, call));
+            // Until this message has handled its own (or settled), the next one waits;
+            // older ones settle meanwhile. A handler that fails is retried before any later
+            // message starts: `handled` is only told of a value.
+            let mut this_settled = false;
+            while !this_settled {
+                let newest = started.len() == 1;
+                let (_, oldest) = started.front_mut().expect("this message is started");
+                let oldest_done = tokio::select! {
+                    biased;
+                    () = handled.notified() => break,
+                    joined = oldest => joined,
+                };
+                if !settle_oldest(&shared, &tp, &mut started, oldest_done, &current).await {
+                    return finish(started).await;
+                }
+                this_settled = newest;
+            }
+            // Bounded: with many results on the wire, the oldest settle first.
+            while started.len() >= PIPELINE {
+                let (_, oldest) = started.front_mut().expect("non-empty");
+                let oldest_done = oldest.await;
+                if !settle_oldest(&shared, &tp, &mut started, oldest_done, &current).await {
+                    return finish(started).await;
+                }
+            }
+        }
+    }
+    // The queue is closed (shutdown) or the partition revoked: what was started finishes,
+    // and settles while the partition is still this member's.
+    while let Some((_, oldest)) = started.front_mut() {
+        let oldest_done = oldest.await;
+        if !settle_oldest(&shared, &tp, &mut started, oldest_done, &current).await {
+            return finish(started).await;
+        }
+    }
+}
+
+/// Settles the oldest started message, whose call finished, and stores its offset. False if
+/// the partition was revoked (nothing stored).
+pub(crate) async fn settle_oldest<S, K, H>(
+    shared: &Shared<S, K, H>,
+    tp: &(String, i32),
+    started: &mut Started<H::Output>,
+    joined: Result<Processed<H::Output>, tokio::task::JoinError>,
+    current: &(impl Fn() -> bool + Sync),
+) -> bool
+where
+    S: Store + Send + Sync + 'static,
+    K: Fn(&OwnedMessage) -> Result<Key, KeyError> + Send + Sync + 'static,
+    H: Handle<OwnedMessage> + 'static,
+{
+    let (message, _) = started.pop_front().expect("the oldest finished");
+    let processed = match joined {
+        Ok(processed) => processed,
+        // The processor catches the handler's panics: anything else is a bug of ours, and
+        // the partition task dies with it, as it would have inline (no later offset is
+        // stored past this message).
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // Cancelled: the runtime is shutting down.
+        Err(_) => return false,
+    };
+    if !settle(shared, &message, processed, current).await {
+        return false; // revoked while settling: the next owner has it
+    }
+    if current()
+        && let Err(e) = shared.consumer.store_offset(&tp.0, tp.1, message.offset())
+    {
+        tracing::debug!(error = %e, topic = tp.0, partition = tp.1, "kafka runner: offset not stored");
+    }
+    true
+}
+
+/// A revoked or shut-down partition's started calls run to their end (their results are
+/// stored under their keys, so the next owner replays them); nothing more is settled.
+pub(crate) async fn finish<T>(started: Started<T>) {
+    for (_, call) in started {
+        if let Err(e) = call.await
+            && e.is_panic()
+        {
+            std::panic::resume_unwind(e.into_panic());
+        }
+    }
+}
+
+/// Settles one message through the shared settle loop (retried in place until final, the
+/// partition waiting so that its order is kept; dead-lettered; shown to the hook). False if
+/// the partition was revoked meanwhile.
+pub(crate) async fn settle<S, K, H>(
+    shared: &Shared<S, K, H>,
+    message: &OwnedMessage,
+    processed: Processed<H::Output>,
+    current: &(impl Fn() -> bool + Sync),
+) -> bool
+where
+    S: Store + Send + Sync + 'static,
+    K: Fn(&OwnedMessage) -> Result<Key, KeyError> + Send + Sync + 'static,
+    H: Handle<OwnedMessage> + 'static,
+{
+    let transport = Parking {
+        dead_letter: shared.dead_letter.as_ref(),
+        current,
+    };
+    // A dead letter is retried until produced or the partition is revoked: not parked
+    // means revoked.
+    matches!(
+        shared
+            .settler
+            .settle(&transport, message, 1, processed, current)
+            .await,
+        Some(done) if done.parked
+    )
+}
