@@ -64,19 +64,17 @@
 //! use rdkafka::message::OwnedMessage;
 //!
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
-//! let processor = Processor::new(
-//!     Coordinator::new(MemoryStore::new()), // a RedisStore or PgStore in production
-//!     Operation::new("mail.invoice")?,
+//! // A RedisStore or PgStore in production.
+//! let processor = Processor::builder(Coordinator::new(MemoryStore::new()), Operation::new("mail.invoice")?)
 //!     // The effect: the invoice of the order the message names, not the offset.
-//!     |m: &OwnedMessage| {
+//!     .key(|m: &OwnedMessage| {
 //!         let order = String::from_utf8_lossy(m.key().unwrap_or_default());
 //!         Key::compose([order.as_ref(), "invoice"])
-//!     },
-//!     |m: OwnedMessage, _attempt| async move {
+//!     })
+//!     .handler(|m: OwnedMessage, _attempt| async move {
 //!         // send the invoice mail; its id is stored and replayed to every redelivery
 //!         Ok::<_, std::io::Error>(format!("em_{}", m.offset()))
-//!     },
-//! );
+//!     });
 //! let mut config = ClientConfig::new();
 //! config.set("bootstrap.servers", "127.0.0.1:9092").set("group.id", "invoices");
 //! KafkaRunner::new(config, ["orders.paid"], processor)

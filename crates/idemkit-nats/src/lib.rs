@@ -58,12 +58,10 @@
 //!         ..Default::default()
 //!     })
 //!     .await?;
-//! let processor = Processor::new(
-//!     Coordinator::new(MemoryStore::new()), // a RedisStore or PgStore in production
-//!     Operation::new("mail.invoice")?,
-//!     |m: &Message| Key::compose([String::from_utf8_lossy(&m.payload).as_ref(), "invoice"]),
-//!     |m: Message, _attempt| async move { Ok::<_, std::io::Error>(format!("em_{}", m.payload.len())) },
-//! );
+//! // A RedisStore or PgStore in production.
+//! let processor = Processor::builder(Coordinator::new(MemoryStore::new()), Operation::new("mail.invoice")?)
+//!     .key(|m: &Message| Key::compose([String::from_utf8_lossy(&m.payload).as_ref(), "invoice"]))
+//!     .handler(|m: Message, _attempt| async move { Ok::<_, std::io::Error>(format!("em_{}", m.payload.len())) });
 //! JetStreamRunner::new(consumer, processor)
 //!     .dead_letter_subject("orders.dead")
 //!     .run(async { let _ = tokio::signal::ctrl_c().await; })

@@ -31,14 +31,11 @@
 //! use idemkit_core::{Coordinator, Key, MemoryStore, Operation};
 //!
 //! # tokio::runtime::Builder::new_current_thread().enable_time().build()?.block_on(async {
-//! let processor = Processor::new(
-//!     Coordinator::new(MemoryStore::new()),
-//!     Operation::new("mail.invoice")?,
+//! let processor = Processor::builder(Coordinator::new(MemoryStore::new()), Operation::new("mail.invoice")?)
 //!     // The effect's identity, from the message: the order's invoice, not the delivery.
-//!     |order: &String| Key::compose([order.as_str(), "invoice"]),
-//!     |order: String, _attempt| async move { Ok::<_, std::io::Error>(format!("em_{order}")) },
-//! )
-//! .retry(RetryPolicy::new().max_deliveries(3));
+//!     .key(|order: &String| Key::compose([order.as_str(), "invoice"]))
+//!     .handler(|order: String, _attempt| async move { Ok::<_, std::io::Error>(format!("em_{order}")) })
+//!     .retry(RetryPolicy::new().max_deliveries(3));
 //!
 //! let first = processor.process(&"order-9".to_string(), 1).await;
 //! let again = processor.process(&"order-9".to_string(), 1).await; // the producer's duplicate
@@ -80,6 +77,6 @@ mod settlement;
 mod unwind;
 
 pub use handle::Handle;
-pub use processor::{Processed, Processor};
+pub use processor::{Processed, Processor, ProcessorBuilder};
 pub use settle::{Final, Settled, Settler, Transport};
 pub use settlement::{RetryPolicy, Settlement};

@@ -64,8 +64,67 @@ impl<S: fmt::Debug, K, H> fmt::Debug for Processor<S, K, H> {
     }
 }
 
+/// Builds a [`Processor`] a part at a time: what it runs under (the coordinator and the
+/// operation), then the message's key, then the handler; the options follow on the
+/// processor. From [`Processor::builder`].
+///
+/// ```
+/// use idemkit_core::{Coordinator, Key, MemoryStore, Operation};
+/// use idemkit_runner::{Processor, RetryPolicy};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let processor = Processor::builder(Coordinator::new(MemoryStore::new()), Operation::new("mail.invoice")?)
+///     .key(|order: &String| Key::compose([order.as_str(), "invoice"]))
+///     .handler(|order: String, _attempt: idemkit_core::Attempt| async move {
+///         Ok::<_, std::io::Error>(format!("em_{order}"))
+///     })
+///     .retry(RetryPolicy::new().max_deliveries(3));
+/// assert_eq!(processor.operation().as_str(), "mail.invoice");
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+#[must_use = "a builder does nothing until its handler is given"]
+pub struct ProcessorBuilder<S, K = ()> {
+    coordinator: Coordinator<S>,
+    operation: Operation,
+    key: K,
+}
+
+impl<S: Store> Processor<S, (), ()> {
+    /// Starts a processor for `operation` under `coordinator` (with the coordinator's
+    /// policy for it); the key function and the handler come next.
+    pub fn builder(coordinator: Coordinator<S>, operation: Operation) -> ProcessorBuilder<S> {
+        ProcessorBuilder {
+            coordinator,
+            operation,
+            key: (),
+        }
+    }
+}
+
+impl<S: Store> ProcessorBuilder<S> {
+    /// The effect's key, from the message (the order's invoice, not the delivery).
+    pub fn key<K>(self, key: K) -> ProcessorBuilder<S, K> {
+        ProcessorBuilder {
+            coordinator: self.coordinator,
+            operation: self.operation,
+            key,
+        }
+    }
+}
+
+impl<S: Store, K> ProcessorBuilder<S, K> {
+    /// The handler, the action each message runs under its key: the processor, whose
+    /// options ([`retry`](Processor::retry), [`in_flight`](Processor::in_flight),
+    /// [`ttl`](Processor::ttl), [`protected`](Processor::protected)) follow.
+    pub fn handler<H>(self, handler: H) -> Processor<S, K, H> {
+        Processor::new(self.coordinator, self.operation, self.key, handler)
+    }
+}
+
 impl<S: Store, K, H> Processor<S, K, H> {
-    /// A processor for `operation`, with the coordinator's policy for it.
+    /// A processor for `operation`, with the coordinator's policy for it: the same as
+    /// [`Processor::builder`]`(coordinator, operation).key(key).handler(handler)`.
     pub fn new(coordinator: Coordinator<S>, operation: Operation, key: K, handler: H) -> Self {
         Processor {
             coordinator,
