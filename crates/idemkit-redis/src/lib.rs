@@ -716,17 +716,12 @@ impl Store for RedisStore {
 
     async fn get(&self, key: &StorageKey) -> Result<Option<Record>, StoreError> {
         let rkey = self.redis_key(key);
-        // Redis keeps the expiry as the key's PX; read it with Redis' own clock.
-        let mut pipe = Pipeline::new();
-        pipe.cmd("TIME").get(&rkey).pttl(&rkey);
-        let ((secs, micros), bytes, pttl): ((u64, u64), Option<Vec<u8>>, i64) = pipe
-            .query_async(&mut self.lane_conn(&rkey))
-            .await
-            .map_err(map_err)?;
-        match bytes {
-            Some(b) => scan::record_at(b, secs * 1000 + micros / 1000, pttl),
-            None => Ok(None),
-        }
+        // Redis keeps the expiry as the key's PX; read it with the clock of the node that
+        // holds the key, in one script there (a `TIME` pipelined beside the `GET` went to
+        // any node of a Cluster: review L10).
+        let reply: Value =
+            eval_on(&mut self.lane_conn(&rkey), &scripts::PEEK, &rkey, |_| {}).await?;
+        scan::peeked(reply)
     }
 }
 

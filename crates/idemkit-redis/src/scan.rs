@@ -131,6 +131,20 @@ async fn primaries(conn: &mut Conn) -> Result<Vec<(String, u16)>, StoreError> {
     Ok(out)
 }
 
+/// A `peek.lua` reply (the key's bytes, its PTTL and its node's `TIME`, read together on the
+/// key's own node) as a record; `None` if the key is gone.
+pub(crate) fn peeked(reply: Value) -> Result<Option<Record>, StoreError> {
+    let Value::Array(parts) = reply else {
+        return Err(unexpected(Some(&reply)));
+    };
+    let [bytes, pttl, time] = <[Value; 3]>::try_from(parts)
+        .map_err(|p| StoreError::new(StoreErrorKind::Other, format!("{p:?}")))?;
+    let Value::BulkString(bytes) = bytes else {
+        return Ok(None);
+    };
+    record_at(bytes, millis_of(&time)?, int(Some(&pttl))?)
+}
+
 fn millis_of(time: &Value) -> Result<u64, StoreError> {
     let Value::Array(parts) = time else {
         return Err(unexpected(Some(time)));
