@@ -2,24 +2,13 @@
 
 mod support;
 
-use std::process::Command;
 use std::time::Duration;
 
 use idemkit_core::{
     BeginRequest, Claim, Coordinator, Key, Operation, OwnerToken, StorageKey, Store, StoreErrorKind,
 };
 use idemkit_redis::{EvictionCheck, RedisStore};
-use support::RedisProcess;
-
-fn cli(port: u16, args: &[&str]) -> String {
-    let out = Command::new("redis-cli")
-        .arg("-p")
-        .arg(port.to_string())
-        .args(args)
-        .output()
-        .expect("redis-cli");
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
+use support::{RedisProcess, cli};
 
 fn storage_key(k: &str) -> StorageKey {
     StorageKey::new(&Operation::new("op").unwrap(), None, &Key::new(k).unwrap())

@@ -12,7 +12,7 @@ use idemkit_core::{
     Source, StorageKey, Store,
 };
 use idemkit_redis::RedisStore;
-use support::RedisProcess;
+use support::{RedisProcess, cli};
 
 fn replication_up(port: u16) -> bool {
     let out = Command::new("redis-cli")
@@ -233,16 +233,6 @@ async fn with_the_guard_a_replay_is_stored_only_once_replicated() {
         "a replicated record's replay was never called stored"
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
-}
-
-fn cli(port: u16, args: &[&str]) -> String {
-    let out = Command::new("redis-cli")
-        .arg("-p")
-        .arg(port.to_string())
-        .args(args)
-        .output()
-        .expect("redis-cli");
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 /// What the durability guard needs of the deployment (review L9, the fault run's seed

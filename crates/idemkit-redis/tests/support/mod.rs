@@ -24,3 +24,14 @@ pub async fn connect(url: &str) -> Option<RedisStore> {
 
 #[allow(unused_imports)]
 pub use idemkit_test::redis_server::{RedisProcess, free_port, redis_ping};
+
+/// `redis-cli -p PORT ARGS...`: its output, trimmed.
+pub fn cli(port: u16, args: &[&str]) -> String {
+    let out = std::process::Command::new("redis-cli")
+        .arg("-p")
+        .arg(port.to_string())
+        .args(args)
+        .output()
+        .expect("redis-cli");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
