@@ -131,14 +131,18 @@ async fn post_to(
     req.send().await.expect("a response")
 }
 
-async fn problem_type(resp: reqwest::Response) -> String {
+/// The answer is `problem`, as `application/problem+json` with its published `type`.
+async fn assert_problem(resp: reqwest::Response, problem: idemkit_http::Problem) {
     assert_eq!(
         resp.headers()["content-type"],
         "application/problem+json",
         "errors are problem+json"
     );
     let v: serde_json::Value = serde_json::from_slice(&resp.bytes().await.unwrap()).unwrap();
-    v["type"].as_str().unwrap().to_string()
+    assert_eq!(
+        v["type"],
+        problem.type_uri(Some(idemkit_http::PROBLEM_DOCS))
+    );
 }
 
 async fn fifty_concurrent_identical_posts<S: Store>(store: S) {
@@ -321,10 +325,7 @@ async fn a_replay_is_marked_and_byte_for_byte_and_a_reused_key_is_422_also_mid_f
     tokio::time::sleep(Duration::from_millis(100)).await;
     let reused = post_to(&client, &pay, Some(&k), Some("t1"), b"pay 99").await;
     assert_eq!(reused.status(), StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(
-        problem_type(reused).await,
-        idemkit_http::Problem::KeyReused.type_uri(Some(idemkit_http::PROBLEM_DOCS))
-    );
+    assert_problem(reused, idemkit_http::Problem::KeyReused).await;
     let first = first.await.unwrap();
     assert_eq!(first.status(), StatusCode::CREATED);
     assert!(first.headers().get(REPLAYED).is_none());
@@ -377,10 +378,7 @@ async fn keys_are_scoped_and_an_unscoped_request_is_refused() {
     );
     let unscoped = post_to(&client, &pay, Some(&k), None, b"pay 10").await;
     assert_eq!(unscoped.status(), StatusCode::FORBIDDEN);
-    assert_eq!(
-        problem_type(unscoped).await,
-        idemkit_http::Problem::UnscopedRequest.type_uri(Some(idemkit_http::PROBLEM_DOCS))
-    );
+    assert_problem(unscoped, idemkit_http::Problem::UnscopedRequest).await;
     assert_eq!(app.runs.load(Ordering::SeqCst), 2);
     // The extractor sees the key and the scope.
     let info = post_to(
@@ -407,17 +405,11 @@ async fn a_missing_required_key_or_a_malformed_one_is_400_and_a_large_body_413()
     let pay = format!("{url}/payments");
     let missing = post_to(&client, &pay, None, None, b"x").await;
     assert_eq!(missing.status(), StatusCode::BAD_REQUEST);
-    assert_eq!(
-        problem_type(missing).await,
-        idemkit_http::Problem::MissingKey.type_uri(Some(idemkit_http::PROBLEM_DOCS))
-    );
+    assert_problem(missing, idemkit_http::Problem::MissingKey).await;
     for bad in ["two words", "\"unterminated", &"x".repeat(256)] {
         let r = post_to(&client, &pay, Some(bad), None, b"x").await;
         assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{bad}");
-        assert_eq!(
-            problem_type(r).await,
-            idemkit_http::Problem::MalformedKey.type_uri(Some(idemkit_http::PROBLEM_DOCS))
-        );
+        assert_problem(r, idemkit_http::Problem::MalformedKey).await;
     }
     let big = post_to(
         &client,
@@ -474,10 +466,7 @@ async fn with_the_store_down_the_answer_is_503_and_nothing_runs() {
     )
     .await;
     assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(
-        problem_type(r).await,
-        idemkit_http::Problem::StoreUnavailable.type_uri(Some(idemkit_http::PROBLEM_DOCS))
-    );
+    assert_problem(r, idemkit_http::Problem::StoreUnavailable).await;
     assert_eq!(app.runs.load(Ordering::SeqCst), 0);
 }
 
