@@ -420,6 +420,20 @@ async fn problems_can_link_the_apis_own_documentation() {
     assert_eq!(problem["type"], "urn:idemkit:problem:malformed-key");
 }
 
+/// The layer over MemoryStore, storing responses of at most `max_result_bytes`.
+fn keeping_at_most(max_result_bytes: usize) -> IdempotencyLayer<MemoryStore> {
+    IdempotencyLayer::builder(
+        Coordinator::builder(MemoryStore::new())
+            .policy(idemkit_core::Policy::new().max_result_bytes(max_result_bytes))
+            .build(),
+        Operation::new("http.large").unwrap(),
+    )
+    .global_scope("global")
+    .unwrap()
+    .build()
+    .unwrap()
+}
+
 /// Before: a response over what may be stored (`max_result_bytes`) made every retry a
 /// `500 internal` until the key expired, though the effect had succeeded. Now the first
 /// client gets the whole response, and a retry gets the original status with a stable
@@ -428,17 +442,7 @@ async fn problems_can_link_the_apis_own_documentation() {
 async fn a_response_too_large_to_store_replays_as_done_with_a_stable_problem() {
     let runs = Arc::new(AtomicUsize::new(0));
     let r = runs.clone();
-    let policy = idemkit_core::Policy::new().max_result_bytes(1024);
-    let layer = IdempotencyLayer::builder(
-        Coordinator::builder(MemoryStore::new())
-            .policy(policy)
-            .build(),
-        Operation::new("http.large").unwrap(),
-    )
-    .global_scope("global")
-    .unwrap()
-    .build()
-    .unwrap();
+    let layer = keeping_at_most(1024);
     let app = Router::new()
         .route(
             "/report",
@@ -488,17 +492,7 @@ async fn a_response_too_large_to_store_replays_as_done_with_a_stable_problem() {
 async fn a_response_whose_headers_make_it_too_large_replays_as_done() {
     let runs = Arc::new(AtomicUsize::new(0));
     let r = runs.clone();
-    let policy = idemkit_core::Policy::new().max_result_bytes(8 * 1024);
-    let layer = IdempotencyLayer::builder(
-        Coordinator::builder(MemoryStore::new())
-            .policy(policy)
-            .build(),
-        Operation::new("http.large").unwrap(),
-    )
-    .global_scope("global")
-    .unwrap()
-    .build()
-    .unwrap();
+    let layer = keeping_at_most(8 * 1024);
     let app = Router::new()
         .route(
             "/report",

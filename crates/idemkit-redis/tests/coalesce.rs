@@ -259,6 +259,25 @@ async fn cancelled_calls_never_wedge_the_queue() {
     }
 }
 
+/// A runtime of its own (the one that survives in the runtime-shutdown tests) and a store
+/// with one connection on it: every call takes the same lane.
+fn one_lane(server: &RedisProcess) -> (tokio::runtime::Runtime, RedisStore) {
+    let main = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = main.block_on(async {
+        RedisStore::builder()
+            .prefix(format!("coalesce-{:x}", fastrand::u64(..)))
+            .connections(1)
+            .connect(&server.url())
+            .await
+            .unwrap()
+    });
+    (main, store)
+}
+
 /// Issue 20, item 11: a flush task dropped before its first poll (its runtime shut down
 /// right after a call queued) must not leave its lane wedged.
 ///
@@ -271,20 +290,7 @@ fn a_flush_task_dropped_before_its_first_poll_leaves_no_wedge() {
     use std::task::Poll;
 
     let server = RedisProcess::start(&[]);
-    let main = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    // One connection: every begin takes the same lane.
-    let store = main.block_on(async {
-        RedisStore::builder()
-            .prefix(format!("coalesce-{:x}", fastrand::u64(..)))
-            .connections(1)
-            .connect(&server.url())
-            .await
-            .unwrap()
-    });
+    let (main, store) = one_lane(&server);
     let keys = keys(3);
     let reqs: Vec<_> = keys
         .iter()
@@ -340,19 +346,7 @@ fn a_batch_dropped_before_its_first_poll_gives_its_place_back() {
     use std::task::Poll;
 
     let server = RedisProcess::start(&[]);
-    let main = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let store = main.block_on(async {
-        RedisStore::builder()
-            .prefix(format!("coalesce-{:x}", fastrand::u64(..)))
-            .connections(1)
-            .connect(&server.url())
-            .await
-            .unwrap()
-    });
+    let (main, store) = one_lane(&server);
     let keys = keys(200);
     let reqs: Vec<_> = keys
         .iter()
