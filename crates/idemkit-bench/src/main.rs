@@ -174,6 +174,15 @@ fn main() -> ExitCode {
                 eprintln!("round {round} of {}: Redis at {}", args.rounds, args.store);
                 let mut report = measure::run(&args.store, args.ops, args.workers).await?;
                 report.rows.extend(peers(&args.store, args.ops).await?);
+                if let Some(valkey) = &args.valkey {
+                    eprintln!(
+                        "round {round} of {}: the second server at {valkey}",
+                        args.rounds
+                    );
+                    let second = measure::run(valkey, args.ops, args.workers).await?;
+                    report.second = second.rows;
+                    report.second.extend(peers(valkey, args.ops).await?);
+                }
                 if args.out.is_some() {
                     let bench = measure::Bench::connect(&args.store).await?;
                     report
@@ -255,6 +264,14 @@ fn main() -> ExitCode {
         let written = runtime.block_on(async {
             let bench = measure::Bench::connect(&args.store).await?;
             let c1 = suite::interleaved_c1(&bench, &args.store, (args.ops / 10).max(100)).await?;
+            let (c1_second, second_version) = match &args.valkey {
+                Some(url) => {
+                    let bench = measure::Bench::connect(url).await?;
+                    let c1 = suite::interleaved_c1(&bench, url, (args.ops / 10).max(100)).await?;
+                    (c1, Some(bench.server_version().await?))
+                }
+                None => (Vec::new(), None),
+            };
             let mut bytes = vec![suite::memory_entry_bytes().await?];
             bytes.extend(
                 suite::redis_record_bytes(&bench, &args.store, args.python.as_deref()).await?,
@@ -263,6 +280,7 @@ fn main() -> ExitCode {
                 command: std::env::var("IDEMKIT_BENCH_COMMAND")
                     .unwrap_or_else(|_| std::env::args().collect::<Vec<_>>().join(" ")),
                 redis_version: bench.server_version().await?,
+                second_version,
                 postgres_version: match &args.postgres {
                     Some(url) => Some(postgres::server_version(url).await?),
                     None => None,
@@ -273,7 +291,7 @@ fn main() -> ExitCode {
                 dir,
                 &meta,
                 report,
-                &c1,
+                [&c1, &c1_second],
                 &bytes,
                 pg_report.as_ref(),
                 &consumers,

@@ -71,6 +71,12 @@ pub(crate) struct BenchArgs {
     /// only the full run has: explicit batches, the MemoryStore, bytes per record.
     #[arg(long)]
     pub(crate) out: Option<std::path::PathBuf>,
+    /// A second server (Valkey 9, `scripts/valkey`), e.g. `redis://127.0.0.1:6390`: the
+    /// Redis cases (the floor, idemkit, the Rust peers) run on it too, in the same rounds
+    /// (each round one server after the other), and the results show both servers side by
+    /// side.
+    #[arg(long)]
+    pub(crate) valkey: Option<String>,
     /// A Python interpreter that has `idempotency-kit[redis]==0.5.0` (the Python peer;
     /// `scripts/bench` makes a throwaway virtual environment for it). Needs `--out`.
     #[arg(long)]
@@ -140,6 +146,9 @@ pub(crate) struct Report {
     pub(crate) rows: Vec<Row>,
     /// Waiter wake-up latencies, sorted.
     pub(crate) wakeups: Vec<Duration>,
+    /// The Redis cases on the second server (`--valkey`), folded as `rows` are; empty
+    /// without one.
+    pub(crate) second: Vec<Row>,
 }
 
 /// Runs `ops` calls spread over `concurrency` tasks (task `t` passes `t * per_task + i`, so
@@ -263,15 +272,20 @@ impl Bench {
         self.raw.clone()
     }
 
-    /// The server's `redis_version`.
+    /// The server and its version: `Redis 7.0.15`, or `Valkey 9.1.2` (whose `INFO` also
+    /// says `redis_version`, the Redis version it is compatible with).
     pub(crate) async fn server_version(&self) -> Result<String, String> {
         let info = info(&self.raw, "server").await?;
-        Ok(info
-            .lines()
-            .find_map(|l| l.strip_prefix("redis_version:"))
-            .unwrap_or("unknown")
-            .trim()
-            .to_string())
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().to_string())
+        };
+        Ok(match (field("valkey_version:"), field("redis_version:")) {
+            (Some(v), _) => format!("Valkey {v}"),
+            (None, Some(v)) => format!("Redis {v}"),
+            (None, None) => "unknown".into(),
+        })
     }
 
     /// Redis' CPU seconds so far.
@@ -522,6 +536,7 @@ pub(crate) async fn run(url: &str, ops: usize, workers: usize) -> Result<Report,
         rounds: 1,
         rows,
         wakeups,
+        second: Vec::new(),
     })
 }
 
@@ -573,6 +588,7 @@ impl Report {
     ///         redis_usec_per_call: 0.0, redis_cpu_usec_per_call: 0.0, redis_busy: 0.0,
     ///     }],
     ///     wakeups: vec![Duration::from_micros(ops_per_sec as u64)],
+    ///     second: Vec::new(),
     /// };
     /// let report = Report::median_of(vec![round(3.0), round(1.0), round(2.0)]).unwrap();
     /// assert_eq!((report.rounds, report.rows[0].ops_per_sec), (3, 2.0));
@@ -581,13 +597,18 @@ impl Report {
     pub(crate) fn median_of(rounds: Vec<Report>) -> Option<Report> {
         let first = rounds.first()?;
         let (workers, n) = (first.workers, rounds.len());
-        let rows = (0..first.rows.len())
-            .map(|i| {
-                let mut of_case: Vec<&Row> = rounds.iter().filter_map(|r| r.rows.get(i)).collect();
-                of_case.sort_by(|a, b| a.ops_per_sec.total_cmp(&b.ops_per_sec));
-                of_case[of_case.len() / 2].clone()
-            })
-            .collect();
+        let median = |n: usize, rows_of: &dyn Fn(&Report) -> &[Row]| -> Vec<Row> {
+            (0..n)
+                .map(|i| {
+                    let mut of_case: Vec<&Row> =
+                        rounds.iter().filter_map(|r| rows_of(r).get(i)).collect();
+                    of_case.sort_by(|a, b| a.ops_per_sec.total_cmp(&b.ops_per_sec));
+                    of_case[of_case.len() / 2].clone()
+                })
+                .collect()
+        };
+        let rows = median(first.rows.len(), &|r| &r.rows);
+        let second = median(first.second.len(), &|r| &r.second);
         let mut wakeups: Vec<Duration> = rounds.into_iter().flat_map(|r| r.wakeups).collect();
         wakeups.sort();
         Some(Report {
@@ -595,6 +616,7 @@ impl Report {
             rounds: n,
             rows,
             wakeups,
+            second,
         })
     }
 }
@@ -704,11 +726,12 @@ impl std::fmt::Display for Report {
             "{:<26}{:>5}{:>12}{:>10}{:>10}{:>10}{:>12}{:>11}{:>7}",
             "case", "conc", "ops/s", "p50 µs", "p99 µs", "cmd/call", "cmd µs", "redis cpu", "busy"
         )?;
-        for r in &self.rows {
+        let second = self.second.iter().map(|r| (" (2nd server)", r));
+        for (server, r) in self.rows.iter().map(|r| ("", r)).chain(second) {
             writeln!(
                 f,
                 "{:<26}{:>5}{:>12.0}{:>10.1}{:>10.1}{:>10.2}{:>12.2}{:>11.2}{:>6.0}%",
-                r.case,
+                format!("{}{server}", r.case),
                 r.concurrency,
                 r.ops_per_sec,
                 r.p50.as_secs_f64() * 1e6,

@@ -22,6 +22,16 @@ fn the_benchmark_writes_its_tables_and_plots() {
         "--out",
     ])
     .arg(&dir);
+    // The second server, Valkey 9 (scripts/test provides it: IDEMKIT_VALKEY_SERVER).
+    let valkey = std::env::var("IDEMKIT_VALKEY_SERVER").ok();
+    let found = valkey
+        .as_deref()
+        .is_some_and(|b| std::path::Path::new(b).exists());
+    let second = idemkit_test::require_service("valkey-server (IDEMKIT_VALKEY_SERVER)", found)
+        .then(|| RedisProcess::start_as(valkey.as_deref().unwrap(), &[]));
+    if let Some(second) = &second {
+        cmd.args(["--valkey", &second.url()]);
+    }
     // The consumer cases, on the brokers scripts/test provides (small).
     let brokers = std::env::var("IDEMKIT_KAFKA_BROKERS").ok();
     let nats = std::env::var("IDEMKIT_NATS_URL").ok();
@@ -35,14 +45,32 @@ fn the_benchmark_writes_its_tables_and_plots() {
     assert!(stderr.contains("idemkit miss, c=64, 640 calls"), "{stderr}");
 
     let results = std::fs::read_to_string(dir.join("results.md")).unwrap();
+    let mut servers = vec!["Redis "];
+    if second.is_some() {
+        servers.push("Valkey 9");
+        assert!(
+            results.contains("## Redis 7"),
+            "no side-by-side table in\n{results}"
+        );
+        assert!(results.contains(" and Valkey 9."), "{results}");
+    }
+    for server in servers {
+        for what in [
+            "c=64 misses/s: idemkit / the fastest Rust peer | ",
+            "c=64 hits/s: idemkit / the fastest Rust peer | ",
+            "c=1 hit p50 / one GET's p50 (interleaved) | ",
+            "c=1 miss p50 / two GETs' p50 (interleaved) | ",
+            "server CPU per coalesced miss, c=64 (`INFO cpu`) | ",
+        ] {
+            let line = results
+                .lines()
+                .find(|l| l.starts_with(&format!("| {server}")) && l.contains(what));
+            assert!(line.is_some(), "no {server}…{what:?} in\n{results}");
+        }
+    }
     for line in [
-        "| c=64 misses/s: idemkit / the fastest Rust peer | ",
-        "| c=64 hits/s: idemkit / the fastest Rust peer | ",
-        "| c=1 hit p50 / one GET's p50 (interleaved) | ",
-        "| c=1 miss p50 / two GETs' p50 (interleaved) | ",
         "| idemkit MemoryStore hit, one task (wall time per call, calls not timed one by one) | ",
         "| idemkit MemoryStore miss, one task (wall time per call, calls not timed one by one) | ",
-        "| Redis CPU per coalesced miss, c=64 (`INFO cpu`) | ",
         "| Encryption (idemkit-seal) on a MemoryStore hit: time per call, encrypted / plain | ",
         "| Encryption (idemkit-seal) on Redis, c=64 misses/s: encrypted / plain | ",
         "| idemkit miss, batches of 64 | 64 | ",
@@ -70,9 +98,13 @@ fn the_benchmark_writes_its_tables_and_plots() {
     // Every ratio row has a measured figure: "1.23× (…)".
     let ratios = results
         .lines()
-        .filter(|l| l.starts_with("| c=64 ") && l.contains("peer"))
+        .filter(|l| l.contains(": c=64 ") && l.contains("peer"))
         .count();
-    assert_eq!(ratios, 2, "{results}");
+    assert_eq!(
+        ratios,
+        2 * if second.is_some() { 2 } else { 1 },
+        "{results}"
+    );
 
     // One bar per case: c=64 throughput has the floor, idemkit's hit and miss, the miss
     // without coalescing, the batches, and both Rust peers' hit and miss.

@@ -63,7 +63,7 @@ const USAGE: &str = "usage: idemkit-chaos run [--jobs N] [--workers N] [--lease-
   --lease-ms    idemkit's lease (default 1000)
   --every-ms    mean time between two faults (default 700)
   --deadline-s  a scenario gives up after this long; its jobs not done are lost (default 300)
-  --only NAME   only the scenarios whose name contains NAME
+  --only NAME   only the scenarios whose name contains NAME (or any of NAME,NAME...)
   --report FILE also write the figures as a Markdown table
   --unprotected the workers run their effects without idemkit: the checker's own check
                 (it must report unexplained duplicates and fail)";
@@ -110,7 +110,10 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
     let scenarios: Vec<(usize, run::Scenario)> = run::SCENARIOS
         .into_iter()
         .enumerate()
-        .filter(|(_, s)| only.as_deref().is_none_or(|o| s.name.contains(o)))
+        .filter(|(_, s)| {
+            only.as_deref()
+                .is_none_or(|o| o.split(',').any(|o| s.name.contains(o)))
+        })
         .collect();
     let brokers = if scenarios.iter().any(|(_, s)| s.queue == run::Queue::Kafka) {
         Some(idemkit_test::brokers::kafka().ok_or("a Kafka-protocol broker (tansu)")?)

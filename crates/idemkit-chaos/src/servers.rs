@@ -76,7 +76,10 @@ impl Redis {
     }
 
     fn spawn(&mut self, replica_of: Option<u16>) {
-        let mut c = Command::new("redis-server");
+        // IDEMKIT_REDIS_SERVER: another server binary (Valkey's, scripts/valkey).
+        let binary =
+            std::env::var("IDEMKIT_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+        let mut c = Command::new(binary);
         c.args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
             .args(["--dir", self.dir.to_str().expect("utf-8 path")])
             .args([

@@ -315,7 +315,7 @@ impl RedisStoreBuilder {
             .replicas
             .map(|(n, timeout)| Durable::new(n, timeout, self.response_timeout, opener));
         let coalesce = self.coalesce && durable.is_none() && !matches!(conn, Conn::Cluster(_));
-        Ok(RedisStore::new(
+        let store = RedisStore::new(
             conn,
             more,
             self.prefix,
@@ -328,15 +328,19 @@ impl RedisStoreBuilder {
                 response: self.response_timeout,
             },
             coalesce,
-        ))
+        );
+        // Whether completions can be plain `SET … IFEQ`s: asked now, not on the first call.
+        store.ask_conditional_set().await?;
+        Ok(store)
     }
 
     /// The longest one store call can take (see `Store::call_timeout`) without coalescing:
     /// a script call is at most three commands (`EVALSHA`, and after `NOSCRIPT` a `SCRIPT
     /// LOAD` and the `EVALSHA` again), each bounded by the response timeout, plus one
-    /// reconnect; two response timeouts more cover what comes before it: a `begin`'s replay
-    /// read (`GET`), and a `begin` whose first lane failed fast and is sent on the next one,
-    /// or a wait's subscribe step (bounded by the response timeout itself). With the
+    /// reconnect; three response timeouts more cover what comes before it: a `begin`'s
+    /// replay read (`GET`), and a `begin` whose first lane failed fast and is sent on the
+    /// next one, or a wait's subscribe step (bounded by the response timeout itself), or a
+    /// completion's plain `SET … IFEQ` and the probe before it after a reload (`plain`). With the
     /// durability guard, none: a guarded write also opens connections and waits for
     /// replicas, and the coordinator times it itself. With coalescing, none either (see
     /// `connect`).
@@ -344,7 +348,7 @@ impl RedisStoreBuilder {
         if self.replicas.is_some() {
             return None;
         }
-        Some(self.response_timeout * 5 + self.connection_timeout.max(self.response_timeout))
+        Some(self.response_timeout * 6 + self.connection_timeout.max(self.response_timeout))
     }
 }
 

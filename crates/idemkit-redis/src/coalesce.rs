@@ -76,6 +76,9 @@ pub(crate) struct CompleteJob {
     /// (`CompleteRequest::reservation`): its fingerprint, holder and lease.
     pub(crate) fingerprint: Option<[u8; 16]>,
     pub(crate) holder: Option<(idemkit_core::record::SharedHolder, u64)>,
+    /// The caller said what it reserved with: its reservation is known byte for byte, and
+    /// a plain `SET … IFEQ` can complete it (see `plain`).
+    pub(crate) known: bool,
     pub(crate) reply: oneshot::Sender<Result<Value, StoreError>>,
 }
 
@@ -362,6 +365,9 @@ async fn send_begins(store: &RedisStore, lane: usize, mut jobs: Vec<BeginJob>) {
 }
 
 async fn send_completes(store: &RedisStore, lane: usize, mut jobs: Vec<CompleteJob>) {
+    if jobs.iter().any(|j| j.known) {
+        jobs = send_plain_completes(store, lane, jobs).await;
+    }
     // `complete_many.lua` takes one ttl per call: one call per ttl (usually one).
     while !jobs.is_empty() {
         let ttl = jobs[0].ttl_ms;
@@ -388,6 +394,57 @@ async fn send_completes(store: &RedisStore, lane: usize, mut jobs: Vec<CompleteJ
         )
         .await;
         answer(same, reply, |j| j.reply);
+    }
+}
+
+/// The batch's completions whose reservations are known, as one pipeline of plain
+/// `SET … IFEQ`s where the server has them (see `plain`): each one written is answered;
+/// what is left (nothing written) goes to `complete_many.lua`.
+async fn send_plain_completes(
+    store: &RedisStore,
+    lane: usize,
+    jobs: Vec<CompleteJob>,
+) -> Vec<CompleteJob> {
+    let caps = &store.shared.caps;
+    let mut conn = store.shared.lanes[lane].conn.clone();
+    match caps.ifeq(&mut conn, &store.shared.prefix).await {
+        Ok(true) => {}
+        Ok(false) => return jobs,
+        Err(e) => {
+            answer(jobs, Err(e), |j| j.reply);
+            return Vec::new();
+        }
+    }
+    let (plain, mut rest): (Vec<_>, Vec<_>) = jobs.into_iter().partition(|j| j.known);
+    let written = crate::plain::complete_all(
+        caps,
+        &mut conn,
+        plain.iter().map(|j| {
+            let done = crate::plain::Completion {
+                fencing: j.fencing,
+                kind: j.kind,
+                bytes: &j.bytes,
+                ttl_ms: j.ttl_ms,
+            };
+            (&j.rkey[..], j.parts(), done)
+        }),
+    )
+    .await;
+    match written {
+        Ok(written) => {
+            for (job, written) in plain.into_iter().zip(written) {
+                if written {
+                    let _ = job.reply.send(Ok(Value::Int(1)));
+                } else {
+                    rest.push(job);
+                }
+            }
+            rest
+        }
+        Err(e) => {
+            answer(plain, Err(e), |j| j.reply);
+            rest
+        }
     }
 }
 

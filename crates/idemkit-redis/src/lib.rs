@@ -1,8 +1,12 @@
-//! [`RedisStore`]: idemkit's store on Redis 7, single node or Cluster.
+//! [`RedisStore`]: idemkit's store on Redis 7 or later and Valkey, single node or Cluster.
 //!
 //! - **One round trip per phase.** `begin`, `renew`, `complete` and `release` are each one
 //!   `EVALSHA` of a Lua script (`lua/*.lua`, loaded once, reloaded on `NOSCRIPT` after a
-//!   server restart). A replay costs one command; a fresh run two. After a run of replays
+//!   server restart). On a server with a conditional `SET` (Valkey 8.1 and later, Redis 8.4
+//!   and later: the store asks the server, [`RedisStore::conditional_set`]), a completion is
+//!   one plain `SET key record IFEQ reservation PX ttl`, far cheaper for the server than a
+//!   script; the script only when that wrote nothing (a waiter to wake, a lost lease, a
+//!   retried completion). A replay costs one command; a fresh run two. After a run of replays
 //!   (three quarters of about the last eight `begin`s), `begin` reads the key with a plain
 //!   `GET` first, far cheaper for Redis than the script (docs/benchmarks.md); a key that
 //!   holds no completed record then costs the `GET` and the script. A waiter adds a
@@ -70,6 +74,7 @@ mod keys;
 mod lanes;
 #[cfg(all(test, idemkit_loom))]
 mod model;
+mod plain;
 mod replays;
 mod scan;
 mod scripts;
@@ -146,6 +151,8 @@ struct Shared {
     next_begin: Arc<AtomicUsize>,
     /// What recent `begin`s met: whether the next one reads first (see `replays`).
     replays: replays::Replays,
+    /// Whether the server has `SET … IFEQ` (see `plain`); shared by every prefix.
+    caps: Arc<plain::Caps>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -198,6 +205,7 @@ impl RedisStore {
                 lanes,
                 next_begin: Arc::default(),
                 replays: replays::Replays::default(),
+                caps: Arc::default(),
             }),
         }
     }
@@ -241,6 +249,7 @@ impl RedisStore {
                 next_begin: self.shared.next_begin.clone(),
                 // Another prefix, another table of records: a history of its own.
                 replays: replays::Replays::default(),
+                caps: self.shared.caps.clone(),
             }),
         }
     }
@@ -288,6 +297,33 @@ impl RedisStore {
     /// ```
     pub fn waiting_channels(&self) -> usize {
         self.shared.waiters.len()
+    }
+
+    /// Whether the server has a conditional `SET` (`SET … IFEQ`: Valkey 8.1 and later, Redis
+    /// 8.4 and later), so that a completion goes out as one plain command rather than a
+    /// script, as last asked: at connect, and again after a script call found the server's
+    /// script cache empty (a restart, or a failover to another server). `None` before the
+    /// first answer. For diagnostics: a store uses what the server has by itself.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), idemkit_core::StoreError> {
+    /// let store = idemkit_redis::RedisStore::connect("redis://127.0.0.1:6379").await?;
+    /// // Valkey 9: Some(true); Redis 7: Some(false).
+    /// println!("plain completions: {:?}", store.conditional_set());
+    /// # Ok(()) }
+    /// ```
+    pub fn conditional_set(&self) -> Option<bool> {
+        self.shared.caps.known()
+    }
+
+    /// Asks the server whether it has `SET … IFEQ` (see `plain`).
+    pub(crate) async fn ask_conditional_set(&self) -> Result<bool, StoreError> {
+        self.shared
+            .caps
+            .ifeq(&mut self.conn.clone(), &self.shared.prefix)
+            .await
     }
 
     /// The variants of the scripts that wake waiters, for this deployment.
@@ -468,6 +504,8 @@ async fn query_loading<T: redis::FromRedisValue>(
     match cmd.query_async(conn).await {
         Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
             tracing::debug!("script not in the server's cache (restarted?): loading it");
+            // Perhaps another server (a failover): ask again what it has.
+            plain::reloaded();
             // On a Cluster redis-rs sends SCRIPT LOAD to every primary.
             redis::cmd("SCRIPT")
                 .arg("LOAD")
@@ -647,6 +685,7 @@ impl Store for RedisStore {
                     bytes: completion.bytes.clone(),
                     fingerprint: reserved.and_then(|r| r.fingerprint).map(|f| f.to_bytes()),
                     holder: reserved.and_then(|r| Some((r.holder.clone()?, ms(r.lease)))),
+                    known: reserved.is_some() && self.shared.durable.is_none(),
                     reply,
                 }
             });
@@ -667,6 +706,33 @@ impl Store for RedisStore {
         } else {
             None
         };
+        if let (Some(r), None) = (reserved, &self.shared.durable) {
+            // The reservation known byte for byte: one plain `SET … IFEQ` where the server
+            // has it; the script only if that wrote nothing (see `plain`).
+            let mut conn = self.shared.lanes[lane].conn.clone();
+            if self
+                .shared
+                .caps
+                .ifeq(&mut conn, &self.shared.prefix)
+                .await?
+            {
+                let fingerprint = r.fingerprint.map(|f| f.to_bytes());
+                let parts = Parts {
+                    owner: lease.owner.as_u128(),
+                    fingerprint: fingerprint.as_ref(),
+                    holder: r.holder.as_ref().map(|h| (&**h, ms(r.lease))),
+                };
+                let done = plain::Completion {
+                    fencing: lease.fencing.get(),
+                    kind: completion.kind,
+                    bytes: &completion.bytes,
+                    ttl_ms: ms(completion.ttl),
+                };
+                if plain::complete(&self.shared.caps, &mut conn, &rkey, &parts, &done).await? {
+                    return Ok(());
+                }
+            }
+        }
         let (reply, acked) = self
             .eval_guarded(
                 lane,

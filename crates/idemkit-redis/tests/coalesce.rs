@@ -18,17 +18,38 @@ use idemkit_core::{
 use idemkit_redis::RedisStore;
 use support::RedisProcess;
 
-/// `EVALSHA` calls so far, from the server's own counters.
-fn evalsha_calls(port: u16) -> u64 {
+/// Calls of `command` so far that did not fail, from the server's own counters (a script
+/// call answered `NOSCRIPT`, then sent again after loading it, counts once).
+fn calls(port: u16, command: &str) -> u64 {
     let out = std::process::Command::new("redis-cli")
         .args(["-p", &port.to_string(), "info", "commandstats"])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    text.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|l| l.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
+    let prefix = format!("cmdstat_{command}:");
+    let Some(line) = text.lines().find_map(|l| l.strip_prefix(&prefix)) else {
+        return 0;
+    };
+    let field = |name: &str| -> u64 {
+        line.split(',')
+            .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
+            .map_or(0, |n| n.trim().parse().unwrap())
+    };
+    field("calls") - field("failed_calls")
+}
+
+/// `EVALSHA` calls so far.
+fn evalsha_calls(port: u16) -> u64 {
+    calls(port, "evalsha")
+}
+
+/// What 64 concurrent begins and completes cost Redis: script calls for the begins, script
+/// calls and plain `SET`s (`SET … IFEQ`, where the server has it) for the completes.
+#[derive(Debug, PartialEq, Eq)]
+struct Sent {
+    began: u64,
+    completed: u64,
+    plain: u64,
 }
 
 async fn store(server: &RedisProcess, coalesce: bool) -> RedisStore {
@@ -79,7 +100,7 @@ static HOLDER: std::sync::LazyLock<SharedHolder> =
 /// With `mix`, keys reserve with and without fingerprints and holders, and complete with the
 /// right hint of what they reserved with, a wrong one, or none (`CompleteRequest::
 /// reservation`): each completed record keeps its reservation's fingerprint and holder.
-async fn begin_and_complete_64(store: &RedisStore, port: u16, mix: bool) -> (u64, u64) {
+async fn begin_and_complete_64(store: &RedisStore, port: u16, mix: bool) -> Sent {
     let keys = keys(64);
     let before = evalsha_calls(port);
     // All 64 start together (a loaded machine would otherwise run the first ones before the
@@ -111,7 +132,7 @@ async fn begin_and_complete_64(store: &RedisStore, port: u16, mix: bool) -> (u64
         leases.push(b.await.unwrap());
     }
     let began = evalsha_calls(port) - before;
-    let before = evalsha_calls(port);
+    let (before, sets) = (evalsha_calls(port), calls(port, "set"));
     pause(port, 200);
     let start = std::sync::Arc::new(tokio::sync::Barrier::new(64));
     let completes: Vec<_> = leases
@@ -145,7 +166,7 @@ async fn begin_and_complete_64(store: &RedisStore, port: u16, mix: bool) -> (u64
     for c in completes {
         c.await.unwrap();
     }
-    let completed = evalsha_calls(port) - before;
+    let (completed, plain) = (evalsha_calls(port) - before, calls(port, "set") - sets);
     // Every key holds its own result, under its own fencing token, with the fingerprint and
     // holder it reserved with.
     for (i, (k, lease)) in leases.iter().enumerate() {
@@ -161,7 +182,11 @@ async fn begin_and_complete_64(store: &RedisStore, port: u16, mix: bool) -> (u64
             other => panic!("{k}: {other:?}"),
         }
     }
-    (began, completed)
+    Sent {
+        began,
+        completed,
+        plain,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -169,20 +194,31 @@ async fn concurrent_calls_go_out_as_few_script_calls() {
     let server = RedisProcess::start(&[]);
     for mix in [false, true] {
         let coalesced = store(&server, true).await;
-        let (began, completed) = begin_and_complete_64(&coalesced, server.port, mix).await;
-        eprintln!(
-            "coalesced (mixed: {mix}): 64 begins in {began} script calls, 64 completes in {completed}"
-        );
-        assert!(began < 32, "64 concurrent begins took {began} script calls");
-        assert!(
-            completed < 32,
-            "64 concurrent completes took {completed} script calls"
-        );
+        let plain = coalesced.conditional_set() == Some(true);
+        let sent = begin_and_complete_64(&coalesced, server.port, mix).await;
+        eprintln!("coalesced (mixed: {mix}, plain SET: {plain}): {sent:?}");
+        assert!(sent.began < 32, "64 concurrent begins: {sent:?}");
+        assert!(sent.completed < 32, "64 concurrent completes: {sent:?}");
 
-        // The same without coalescing: one script call per call.
+        // The same without coalescing: one call per call. Where the server has `SET … IFEQ`,
+        // a completion with its reservation's exact bytes is one plain `SET`; one with a
+        // wrong hint (some of every fourth key of a mixed batch) is a `SET` that writes
+        // nothing, then the script; one without a hint (every fourth) the script alone.
         let single = store(&server, false).await;
-        let (began, completed) = begin_and_complete_64(&single, server.port, mix).await;
-        assert_eq!((began, completed), (64, 64));
+        let sent = begin_and_complete_64(&single, server.port, mix).await;
+        // A wrong hint (no fingerprint, no holder) is right for an odd key that reserved
+        // without a holder: only those with one (every third) are wrong in their bytes.
+        let wrong = (0..64).filter(|i| i % 4 == 1 && i % 3 == 0).count() as u64;
+        let expected = match (plain, mix) {
+            (false, _) => (64, 0),
+            (true, false) => (0, 64),
+            (true, true) => (16 + wrong, 48),
+        };
+        assert_eq!(
+            (sent.began, sent.completed, sent.plain),
+            (64, expected.0, expected.1),
+            "without coalescing (mixed: {mix}, plain SET: {plain})"
+        );
     }
 }
 

@@ -5,8 +5,6 @@
 mod support;
 
 use std::convert::Infallible;
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use idemkit_core::{Coordinator, ErrorKind, Key, Operation, Source, Store};
@@ -22,57 +20,22 @@ fn key(k: &str) -> Key {
     Key::new(k).unwrap()
 }
 
-/// The commands clients sent to a server while `f` ran, as Redis' MONITOR reports them
-/// (commands run inside scripts are excluded: MONITOR marks them `lua`).
-async fn client_commands<F: std::future::Future<Output = ()>>(port: u16, f: F) -> Vec<String> {
-    let mut monitor = Command::new("redis-cli")
-        .args(["-p", &port.to_string(), "monitor"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(monitor.stdout.take().unwrap()).lines();
-    assert_eq!(lines.next().unwrap().unwrap(), "OK");
-    f.await;
-    // A marker from another connection closes the window.
-    let marker = format!("end-{:x}", fastrand::u64(..));
-    Command::new("redis-cli")
-        .args(["-p", &port.to_string(), "echo", &marker])
-        .output()
-        .unwrap();
-    let mut seen = Vec::new();
-    for line in lines {
-        let line = line.unwrap();
-        if line.contains(&marker) {
-            break;
-        }
-        if !line.contains(" lua]") {
-            // `1700000000.123456 [0 127.0.0.1:5555] "EVALSHA" "abc..." ...`
-            let cmd = line
-                .split('"')
-                .nth(1)
-                .unwrap_or_default()
-                .to_ascii_uppercase();
-            seen.push(cmd);
-        }
-    }
-    let _ = monitor.kill();
-    let _ = monitor.wait();
-    seen
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hit_is_one_command_and_a_miss_two() {
     let server = RedisProcess::start(&[]);
     let store = RedisStore::connect(&server.url()).await.unwrap();
     let c = Coordinator::new(store);
     let mailer = Mailer::default();
-    // Load the scripts first (the first call of each meets NOSCRIPT once).
-    c.call(&op(), &key("warm-up"))
-        .run(|_| mailer.send(Duration::ZERO))
-        .await
-        .unwrap();
+    // Load the scripts first (the first call of each meets NOSCRIPT once, and the next
+    // completion asks the server again whether it has `SET … IFEQ`: twice).
+    for warm in ["warm-up", "warm-up-2"] {
+        c.call(&op(), &key(warm))
+            .run(|_| mailer.send(Duration::ZERO))
+            .await
+            .unwrap();
+    }
 
-    let miss = client_commands(server.port, async {
+    let miss = support::client_commands(server.port, async {
         let out = c
             .call(&op(), &key("k"))
             .run(|_| mailer.send(Duration::ZERO))
@@ -81,9 +44,14 @@ async fn a_hit_is_one_command_and_a_miss_two() {
         assert_eq!(out.source, Source::Fresh);
     })
     .await;
-    assert_eq!(miss, ["EVALSHA", "EVALSHA"], "miss: begin + complete");
+    // The completion: its script, or one plain `SET … IFEQ` where the server has it
+    // (Valkey 8.1 and later, Redis 8.4 and later).
+    let has_ifeq = support::has_ifeq(server.port);
+    assert_eq!(c.store().conditional_set(), Some(has_ifeq));
+    let complete = if has_ifeq { "SET" } else { "EVALSHA" };
+    assert_eq!(miss, ["EVALSHA", complete], "miss: begin + complete");
 
-    let hit = client_commands(server.port, async {
+    let hit = support::client_commands(server.port, async {
         let out = c
             .call(&op(), &key("k"))
             .run(|_| mailer.send(Duration::ZERO))
@@ -93,7 +61,7 @@ async fn a_hit_is_one_command_and_a_miss_two() {
     })
     .await;
     assert_eq!(hit, ["EVALSHA"], "hit: begin only");
-    assert_eq!(mailer.sent(), 2);
+    assert_eq!(mailer.sent(), 2 + 1, "the two warm-ups and the miss");
 }
 
 /// Batch reservation: the 8 keys of a batch cost one script call to reserve (then one
@@ -105,12 +73,15 @@ async fn a_prepared_batch_is_one_command_to_reserve_and_one_to_replay() {
     let c = Coordinator::new(store);
     let mailer = Mailer::default();
     let keys: Vec<Key> = (0..8).map(|i| key(&format!("order-{i}"))).collect();
-    // Load the scripts first (the first call of each meets NOSCRIPT once).
+    // Load the scripts first (the first call of each meets NOSCRIPT once, and the next
+    // completion asks the server again whether it has `SET … IFEQ`: twice).
     drop(c.prepare(&op(), &[key("warm-a"), key("warm-b")]).await);
-    c.call(&op(), &key("warm-up"))
-        .run(|_| mailer.send(Duration::ZERO))
-        .await
-        .unwrap();
+    for warm in ["warm-up", "warm-up-2"] {
+        c.call(&op(), &key(warm))
+            .run(|_| mailer.send(Duration::ZERO))
+            .await
+            .unwrap();
+    }
     let run_batch = || async {
         let prepared = c.prepare(&op(), &keys).await;
         let mut sources = Vec::new();
@@ -126,7 +97,7 @@ async fn a_prepared_batch_is_one_command_to_reserve_and_one_to_replay() {
         sources
     };
     let mut first = Vec::new();
-    let fresh = client_commands(server.port, async { first = run_batch().await }).await;
+    let fresh = support::client_commands(server.port, async { first = run_batch().await }).await;
     assert!(first.iter().all(|s| *s == Source::Fresh), "{first:?}");
     assert_eq!(
         fresh.len(),
@@ -134,14 +105,14 @@ async fn a_prepared_batch_is_one_command_to_reserve_and_one_to_replay() {
         "one begin_many and 8 completions: {fresh:?}"
     );
     let mut second = Vec::new();
-    let replay = client_commands(server.port, async { second = run_batch().await }).await;
+    let replay = support::client_commands(server.port, async { second = run_batch().await }).await;
     assert!(second.iter().all(|s| *s == Source::Replayed), "{second:?}");
     assert_eq!(
         replay,
         ["EVALSHA"],
         "the redelivered batch: one script call"
     );
-    assert_eq!(mailer.sent(), 1 + 8);
+    assert_eq!(mailer.sent(), 2 + 8, "the two warm-ups and the batch");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,6 +6,13 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+/// The server binary the tests start: `IDEMKIT_REDIS_SERVER` (a path, e.g. Valkey's
+/// `valkey-server`), or `redis-server` from the `PATH`. The client tool stays `redis-cli`,
+/// which speaks to both.
+pub fn server_binary() -> String {
+    std::env::var("IDEMKIT_REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_string())
+}
+
 /// A free TCP port on loopback whose cluster-bus port (+10000) is free too.
 pub fn free_port() -> u16 {
     loop {
@@ -28,6 +35,7 @@ pub struct RedisProcess {
     pub port: u16,
     dir: PathBuf,
     extra: Vec<String>,
+    binary: String,
     child: Option<Child>,
 }
 
@@ -38,6 +46,16 @@ impl RedisProcess {
     ///
     /// If `redis-server` is missing or does not answer.
     pub fn start(extra: &[&str]) -> Self {
+        Self::start_as(&server_binary(), extra)
+    }
+
+    /// Starts `binary` (a `redis-server` or a `valkey-server`) with `extra` arguments on a
+    /// free port.
+    ///
+    /// # Panics
+    ///
+    /// If `binary` is missing or does not answer.
+    pub fn start_as(binary: &str, extra: &[&str]) -> Self {
         let port = free_port();
         let dir =
             std::env::temp_dir().join(format!("idemkit-redis-{port}-{:x}", fastrand::u64(..)));
@@ -46,6 +64,7 @@ impl RedisProcess {
             port,
             dir,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            binary: binary.to_string(),
             child: None,
         };
         p.restart();
@@ -68,7 +87,7 @@ impl RedisProcess {
             .args([
                 "--kill-after=5",
                 "900",
-                "redis-server",
+                &self.binary,
                 "--port",
                 &self.port.to_string(),
             ])
@@ -88,6 +107,17 @@ impl RedisProcess {
             std::thread::sleep(Duration::from_millis(25));
         }
         panic!("redis-server on port {} did not start", self.port);
+    }
+
+    /// Starts (again) on the same port, empty, from another server binary: a failover to
+    /// a server of another version (Redis 7 after Valkey 9, and back).
+    ///
+    /// # Panics
+    ///
+    /// As [`restart`](Self::restart).
+    pub fn restart_as(&mut self, binary: &str) {
+        self.binary = binary.to_string();
+        self.restart();
     }
 
     /// Stops it (a later [`restart`](Self::restart) starts it again, empty).

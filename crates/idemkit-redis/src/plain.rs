@@ -1,0 +1,206 @@
+//! Plain commands where the server has them: a completion as one `SET key record IFEQ
+//! reservation PX ttl` instead of `complete.lua`.
+//!
+//! A completion whose reservation is, byte for byte, the one its caller wrote (the
+//! coordinator says what it reserved with: `CompleteRequest::reservation`) needs no script:
+//! the comparison is the owner check and the fencing check at once (bytes 7-30 are the
+//! owner and fencing tokens), and nobody waits on the key (a waiter's flag would change the
+//! bytes), so nobody needs waking. A server with a conditional `SET` does that in one
+//! command, which costs it a fraction of a script call (docs/benchmarks.md). Everything
+//! else (a waiter's flag, a retried completion, a lost lease, a record of another version)
+//! fails the comparison, writes nothing, and goes to `complete.lua` as before: one round
+//! trip more, off the path of a first delivery.
+//!
+//! Which servers: `SET … IFEQ` is in Valkey since 8.1 and in Redis since 8.4. The store asks
+//! the server, not its version string: at connect, and again after any script call found
+//! the server's script cache empty (`NOSCRIPT`: a restart, or a failover to another
+//! server), it sends `SET` with `IFEQ` for a key that does not exist (which writes nothing
+//! on a server that has it, and is a syntax error on one that does not). A plain `SET`
+//! refused as a syntax error (a failover to an older server) turns the plain path off and
+//! goes to the script.
+//!
+//! Renewals and releases stay scripts: `Store::renew` and `Store::release` are given the
+//! lease (owner and fencing tokens), not the reservation's bytes a comparison needs, and
+//! they are off the path of a first delivery (a renewal every third of a lease of a long
+//! action, a release after a failed one). A `begin` stays a script too: its fencing token is
+//! the server's clock (`TIME`), which must increase across clients whose clocks differ,
+//! and it turns a release's tombstone into a larger token (ARCHITECTURE rows 3, 30).
+
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+
+use idemkit_core::{ResultKind, StoreError};
+use redis::{Cmd, Pipeline, Value};
+
+use crate::conn::Conn;
+use crate::errors::map_err;
+use crate::scripts::{Done, Mine, Parts};
+
+/// How many times a script call of this process found a server's script cache empty
+/// (`NOSCRIPT`): each one may be another server behind a connection, so the next plain
+/// completion asks again. One counter for every store of the process: a reload elsewhere
+/// costs a store one probe, no more.
+static RELOADS: AtomicUsize = AtomicUsize::new(0);
+
+/// A script call found the server's script cache empty (see [`RELOADS`]).
+pub(crate) fn reloaded() {
+    RELOADS.fetch_add(1, Ordering::Relaxed);
+}
+
+const UNKNOWN: u8 = 0;
+const YES: u8 = 1;
+const NO: u8 = 2;
+
+/// Whether the server behind a store's connections has `SET … IFEQ`, and as of which
+/// [`RELOADS`] count that was asked. Shared by the stores on the same connections.
+#[derive(Debug, Default)]
+pub(crate) struct Caps {
+    ifeq: AtomicU8,
+    asked_at: AtomicUsize,
+}
+
+impl Caps {
+    /// Whether a completion may be sent as a plain `SET … IFEQ` on `conn`: the answer known,
+    /// or asked now (one round trip, at connect and after a reload).
+    pub(crate) async fn ifeq(&self, conn: &mut Conn, prefix: &str) -> Result<bool, StoreError> {
+        let reloads = RELOADS.load(Ordering::Relaxed);
+        let known = self.ifeq.load(Ordering::Relaxed);
+        if known != UNKNOWN && self.asked_at.load(Ordering::Relaxed) == reloads {
+            return Ok(known == YES);
+        }
+        match probe(conn, prefix).await? {
+            Some(has) => {
+                self.ifeq
+                    .store(if has { YES } else { NO }, Ordering::Relaxed);
+                self.asked_at.store(reloads, Ordering::Relaxed);
+                Ok(has)
+            }
+            // No answer (a read-only replica refuses every write, `READONLY`): the script
+            // this time, and the question again next time.
+            None => Ok(false),
+        }
+    }
+
+    /// A plain `SET … IFEQ` was refused: the server has none (any more).
+    fn refused(&self) {
+        self.ifeq.store(NO, Ordering::Relaxed);
+    }
+
+    /// What the last probe found, for tests and diagnostics: `None` before the first.
+    pub(crate) fn known(&self) -> Option<bool> {
+        match self.ifeq.load(Ordering::Relaxed) {
+            UNKNOWN => None,
+            v => Some(v == YES),
+        }
+    }
+}
+
+/// Asks the server whether it has `SET … IFEQ`: a conditional `SET` of a key that does not
+/// exist writes nothing where the option exists, and is a syntax error where it does not.
+/// `None`: refused for another reason (`READONLY`, `OOM`, `NOPERM`), no answer.
+async fn probe(conn: &mut Conn, prefix: &str) -> Result<Option<bool>, StoreError> {
+    let reply = Cmd::new()
+        .arg("SET")
+        .arg(format!("{prefix}:ifeq-probe"))
+        .arg("")
+        .arg("IFEQ")
+        .arg(&idemkit_core::OwnerToken::random().as_u128().to_be_bytes()[..])
+        .query_async::<Value>(conn)
+        .await;
+    match reply {
+        Ok(_) => Ok(Some(true)),
+        Err(e) if is_refusal(&e) => Ok(Some(false)),
+        Err(e) if e.code().is_some() => Ok(None),
+        Err(e) => Err(map_err(e)),
+    }
+}
+
+/// A server's refusal of the command itself, `ERR syntax error` (not of its key, nor its
+/// connection's failure).
+fn is_refusal(e: &redis::RedisError) -> bool {
+    e.code() == Some("ERR") && e.detail().is_some_and(|d| d.starts_with("syntax error"))
+}
+
+/// One completion's plain command: `SET key record IFEQ reservation PX ttl`.
+fn command(cmd: &mut Cmd, rkey: &str, parts: &Parts<'_>, done: &Completion<'_>) {
+    cmd.arg("SET")
+        .arg(rkey)
+        .arg(Done {
+            parts,
+            fencing: done.fencing,
+            kind: done.kind,
+            bytes: done.bytes,
+        })
+        .arg("IFEQ")
+        .arg(Mine(parts, done.fencing))
+        .arg("PX")
+        .arg(done.ttl_ms);
+}
+
+/// What a completion writes, besides its reservation's parts.
+pub(crate) struct Completion<'a> {
+    pub(crate) fencing: u64,
+    pub(crate) kind: ResultKind,
+    pub(crate) bytes: &'a [u8],
+    pub(crate) ttl_ms: u64,
+}
+
+/// Sends one completion as a plain command. `Ok(true)`: completed. `Ok(false)`: the record
+/// is not byte for byte the caller's reservation, or the server refused the command (then
+/// `caps` is told): nothing was written, the script decides.
+pub(crate) async fn complete(
+    caps: &Caps,
+    conn: &mut Conn,
+    rkey: &str,
+    parts: &Parts<'_>,
+    done: &Completion<'_>,
+) -> Result<bool, StoreError> {
+    let mut cmd = Cmd::with_capacity(8, 160 + rkey.len() + 2 * done.bytes.len());
+    command(&mut cmd, rkey, parts, done);
+    match cmd.query_async::<Value>(conn).await {
+        Ok(reply) => Ok(written(&reply)),
+        Err(e) if is_refusal(&e) => {
+            caps.refused();
+            Ok(false)
+        }
+        Err(e) => Err(map_err(e)),
+    }
+}
+
+/// A batch of completions as one pipeline of plain commands: for each, whether it was
+/// written (`false`: the script decides, as in [`complete`]), or the pipeline's error.
+pub(crate) async fn complete_all<'a>(
+    caps: &Caps,
+    conn: &mut Conn,
+    items: impl Iterator<Item = (&'a str, Parts<'a>, Completion<'a>)>,
+) -> Result<Vec<bool>, StoreError> {
+    let mut pipe = Pipeline::new();
+    pipe.ignore_errors();
+    let mut n = 0;
+    for (rkey, parts, done) in items {
+        let mut cmd = Cmd::with_capacity(8, 160 + rkey.len() + 2 * done.bytes.len());
+        command(&mut cmd, rkey, &parts, &done);
+        pipe.add_command(cmd);
+        n += 1;
+    }
+    let replies: Vec<Value> = pipe.query_async(conn).await.map_err(map_err)?;
+    if replies.len() != n {
+        return Err(crate::errors::unexpected(None));
+    }
+    Ok(replies
+        .iter()
+        .map(|reply| {
+            if let Value::ServerError(e) = reply
+                && e.code() == "ERR"
+                && e.details().is_some_and(|d| d.starts_with("syntax error"))
+            {
+                caps.refused();
+            }
+            written(reply)
+        })
+        .collect())
+}
+
+/// `OK`: written; nil (the comparison failed) or an error: not.
+fn written(reply: &Value) -> bool {
+    matches!(reply, Value::Okay)
+}
