@@ -430,7 +430,6 @@ fn markdown(
     );
 
     let c1 = servers.first.2;
-    let get = c1_us(c1, "floor: GET", 50);
     let _ = writeln!(s, "## Against the targets\n");
     let _ = writeln!(s, "| ratio | measured | target | met |\n|---|---|---|---|");
     for t in targets(report, servers, pg, consumers) {
@@ -470,23 +469,11 @@ fn markdown(
                 v.redis_busy * 100.0,
             );
         }
-        let c1v = servers.second.map_or(&[][..], |s| s.2);
-        let get = c1_us(c1v, "floor: GET", 50);
         let _ = writeln!(
             s,
-            "\n{second}, concurrency 1, interleaved (ratios to one `GET`):\n\n| case | calls | p50 µs | p99 µs | p50 / GET |\n|---|---|---|---|---|"
+            "\n{second}, concurrency 1, interleaved (ratios to one `GET`):\n"
         );
-        for (case, l) in c1v {
-            let (Some(p50), Some(p99)) = (c1_us(c1v, case, 50), c1_us(c1v, case, 99)) else {
-                continue;
-            };
-            let _ = writeln!(
-                s,
-                "| {case} | {} | {p50:.1} | {p99:.1} | {} |",
-                l.len(),
-                get.map_or("-".into(), |g| format!("{:.2}", p50 / g))
-            );
-        }
+        c1_table(&mut s, servers.second.map_or(&[][..], |s| s.2));
     }
 
     let _ = writeln!(s, "\n## Every case\n");
@@ -528,21 +515,7 @@ fn markdown(
         s,
         "\n## Concurrency 1, interleaved\n\nEach case's calls in turns of 20 with the other cases', so that every case meets the same stretches of this VM's wake-up latency. Ratios are to one `GET`.\n"
     );
-    let _ = writeln!(
-        s,
-        "| case | calls | p50 µs | p99 µs | p50 / GET |\n|---|---|---|---|---|"
-    );
-    for (case, l) in c1 {
-        let (Some(p50), Some(p99)) = (c1_us(c1, case, 50), c1_us(c1, case, 99)) else {
-            continue;
-        };
-        let _ = writeln!(
-            s,
-            "| {case} | {} | {p50:.1} | {p99:.1} | {} |",
-            l.len(),
-            get.map_or("-".into(), |g| format!("{:.2}", p50 / g))
-        );
-    }
+    c1_table(&mut s, c1);
 
     let _ = writeln!(s, "\n## Bytes per stored record (a 100-byte result)\n");
     let _ = writeln!(
@@ -570,6 +543,27 @@ fn markdown(
         let _ = writeln!(s, "![{file}]({file})\n");
     }
     s
+}
+
+/// The interleaved c=1 latencies of one server as a table, each case's p50 against one
+/// `GET`'s.
+fn c1_table(s: &mut String, c1: &[(&'static str, Vec<Duration>)]) {
+    let get = c1_us(c1, "floor: GET", 50);
+    let _ = writeln!(
+        s,
+        "| case | calls | p50 µs | p99 µs | p50 / GET |\n|---|---|---|---|---|"
+    );
+    for (case, l) in c1 {
+        let (Some(p50), Some(p99)) = (c1_us(c1, case, 50), c1_us(c1, case, 99)) else {
+            continue;
+        };
+        let _ = writeln!(
+            s,
+            "| {case} | {} | {p50:.1} | {p99:.1} | {} |",
+            l.len(),
+            get.map_or("-".into(), |g| format!("{:.2}", p50 / g))
+        );
+    }
 }
 
 fn pct(report: &Report, p: usize) -> f64 {
