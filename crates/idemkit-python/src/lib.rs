@@ -22,23 +22,33 @@
 //!
 //! The runtime's threads never take the GIL: a reply is queued as a Rust value and the event
 //! loop is woken through a socket it watches (`Bridge`: one byte per batch of replies), and
-//! Python objects are made on the loop's thread when it drains the queue.
+//! Python objects are made on the loop's thread when it drains the queue. Connecting a store
+//! replies the same way: nothing here depends on another crate's runtime or event-loop glue.
+//!
+//! # No caller waits for ever
+//!
+//! Every task that owes Python a reply carries a guard that, if the task ends without its
+//! reply and nobody aborted it (a panic), replies an error instead. A call waiting for its
+//! action's outcome watches its event loop: a loop that is closed or gone cannot deliver one,
+//! and the call ends as a cancelled one does (`on_cancel`). The runtime is this process's:
+//! a child after `fork()` starts its own on first use, and refuses stores connected by its
+//! parent (their connections' tasks did not survive the fork).
 
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use idemkit_core::{
-    Attempt, DynStore, Error, Fingerprint, InFlight, Key, OnStoreError, Operation, Policy, Scope,
-    StoreErrorKind,
+    Attempt, DynStore, Error, Fingerprint, InFlight, Key, OnCancel, OnStoreError, Operation,
+    Policy, Scope, StoreErrorKind,
 };
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
 
 /// The action's failure, as the Rust call sees it: the exception itself stays in Python,
@@ -119,17 +129,16 @@ fn error_to_py(py: Python<'_>, e: Error<ActionFailed>) -> PyErr {
         Error::KeyReused => raise(py, "KeyReused", (message,)),
         Error::ResultUnavailable { reason } => raise(py, "ResultUnavailable", (reason,)),
         Error::Decode(source) => raise(py, "DecodeError", (source.to_string(),)),
-        Error::Store { phase, source } => {
-            let class = match source.kind() {
-                StoreErrorKind::Unavailable => "StoreUnavailable",
-                _ => "StoreError",
-            };
-            raise(
-                py,
-                class,
-                (message, phase.to_string(), format!("{:?}", source.kind())),
-            )
-        }
+        Error::Store { phase, source } => raise(
+            py,
+            "_store_error",
+            (
+                source.kind() == StoreErrorKind::Unavailable,
+                message,
+                phase.to_string(),
+                format!("{:?}", source.kind()),
+            ),
+        ),
         // The action's failure: Python holds the exception and raises it itself.
         Error::Action(ActionFailed) => raise(py, "IdemkitError", ("the action failed",)),
         other => raise(py, "IdemkitError", (other.to_string(),)),
@@ -137,21 +146,47 @@ fn error_to_py(py: Python<'_>, e: Error<ActionFailed>) -> PyErr {
 }
 
 fn store_error_to_py(py: Python<'_>, e: idemkit_core::StoreError) -> PyErr {
-    let class = match e.kind() {
-        StoreErrorKind::Unavailable => "StoreUnavailable",
-        _ => "StoreError",
-    };
     raise(
         py,
-        class,
-        (e.to_string(), "connect", format!("{:?}", e.kind())),
+        "_store_error",
+        (
+            e.kind() == StoreErrorKind::Unavailable,
+            e.to_string(),
+            "connect",
+            format!("{:?}", e.kind()),
+        ),
     )
 }
 
-/// The runtime every call runs on (pyo3-async-runtimes' tokio runtime, started on first use).
-fn runtime() -> &'static tokio::runtime::Runtime {
-    pyo3_async_runtimes::tokio::get_runtime()
+/// The runtime every call runs on, started on first use by this process: a child after
+/// `fork()` has none of its parent's threads, so it starts its own (the parent's is left
+/// alone: dropping it would wait for threads that do not exist here), and its tasks draw
+/// owner tokens from fresh per-thread generators.
+fn runtime() -> PyResult<&'static tokio::runtime::Runtime> {
+    static CURRENT: Mutex<Option<(u32, &'static tokio::runtime::Runtime)>> = Mutex::new(None);
+    let pid = std::process::id();
+    // Only callers holding the GIL take this lock, so no thread holds it across a fork.
+    let mut current = CURRENT.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((owner, rt)) = *current
+        && owner == pid
+    {
+        return Ok(rt);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("idemkit")
+        .build()
+        .map_err(|e| {
+            PyRuntimeError::new_err(format!("idemkit could not start its runtime: {e}"))
+        })?;
+    let rt: &'static tokio::runtime::Runtime = Box::leak(Box::new(rt));
+    *current = Some((pid, rt));
+    Ok(rt)
 }
+
+/// How often a call whose action runs checks that its event loop can still hear its
+/// outcome (only calls whose action outlasts it check at all).
+const LOOP_CHECK: Duration = Duration::from_secs(1);
 
 fn seconds(name: &'static str, secs: f64) -> PyResult<Duration> {
     Duration::try_from_secs_f64(secs)
@@ -170,6 +205,8 @@ fn seconds(name: &'static str, secs: f64) -> PyResult<Duration> {
 struct Store {
     inner: DynStore,
     name: &'static str,
+    /// The process whose runtime drives the store's connections (`None`: no connections).
+    pid: Option<u32>,
 }
 
 #[pymethods]
@@ -179,34 +216,157 @@ impl Store {
     }
 }
 
+impl Store {
+    fn connected(inner: DynStore, name: &'static str) -> Self {
+        Store {
+            inner,
+            name,
+            pid: Some(std::process::id()),
+        }
+    }
+}
+
 /// The in-process store: records live in this process only (tests, one worker).
 #[pyfunction]
 fn memory_store() -> Store {
     Store {
         inner: DynStore::new(idemkit_core::MemoryStore::new()),
         name: "MemoryStore",
+        pid: None,
     }
 }
 
-/// Connects to Redis (one node). `prefix` is the Redis key prefix every record lives under
-/// (the Rust crate's default, `idemkit`, so both languages share records by default).
+/// A MemoryStore that panics in `phase` (`"begin"` or `"complete"`): the Python tests'
+/// way to prove that a panic in the runtime reaches its caller as an error.
 #[pyfunction]
-#[pyo3(signature = (url, prefix=None))]
-fn redis_store(py: Python<'_>, url: String, prefix: Option<String>) -> PyResult<Bound<'_, PyAny>> {
-    connect_redis(py, prefix, move |builder| async move {
+fn _panicking_store(phase: &str) -> PyResult<Store> {
+    let phase = match phase {
+        "begin" => PanicIn::Begin,
+        "complete" => PanicIn::Complete,
+        other => {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "phase must be 'begin' or 'complete', got {other:?}"
+            )));
+        }
+    };
+    Ok(Store {
+        inner: DynStore::new(PanickingStore {
+            inner: idemkit_core::MemoryStore::new(),
+            phase,
+        }),
+        name: "PanickingStore",
+        pid: None,
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PanicIn {
+    Begin,
+    Complete,
+}
+
+/// See [`_panicking_store`].
+#[derive(Debug, Clone)]
+struct PanickingStore {
+    inner: idemkit_core::MemoryStore,
+    phase: PanicIn,
+}
+
+impl idemkit_core::Store for PanickingStore {
+    async fn begin(
+        &self,
+        req: &idemkit_core::BeginRequest<'_>,
+    ) -> Result<idemkit_core::Claim, idemkit_core::StoreError> {
+        assert!(
+            self.phase != PanicIn::Begin,
+            "a panic in begin (test store)"
+        );
+        self.inner.begin(req).await
+    }
+
+    async fn renew(
+        &self,
+        key: &idemkit_core::StorageKey,
+        ownership: &idemkit_core::Ownership,
+        lease: Duration,
+    ) -> Result<(), idemkit_core::StoreError> {
+        self.inner.renew(key, ownership, lease).await
+    }
+
+    async fn complete(
+        &self,
+        key: &idemkit_core::StorageKey,
+        ownership: &idemkit_core::Ownership,
+        request: &idemkit_core::CompleteRequest,
+    ) -> Result<(), idemkit_core::StoreError> {
+        assert!(
+            self.phase != PanicIn::Complete,
+            "a panic in complete (test store)"
+        );
+        self.inner.complete(key, ownership, request).await
+    }
+
+    async fn release(
+        &self,
+        key: &idemkit_core::StorageKey,
+        ownership: &idemkit_core::Ownership,
+    ) -> Result<(), idemkit_core::StoreError> {
+        self.inner.release(key, ownership).await
+    }
+
+    async fn wait(
+        &self,
+        key: &idemkit_core::StorageKey,
+        seen: idemkit_core::FencingToken,
+        timeout: Duration,
+    ) -> Result<(), idemkit_core::StoreError> {
+        self.inner.wait(key, seen, timeout).await
+    }
+
+    async fn get(
+        &self,
+        key: &idemkit_core::StorageKey,
+    ) -> Result<Option<idemkit_core::Record>, idemkit_core::StoreError> {
+        self.inner.get(key).await
+    }
+}
+
+/// Spawns `work` on the runtime; `bridge` gets its reply under `id` (or an error reply if
+/// the task panics).
+fn spawn_replying<F>(bridge: &Bridge, id: u64, work: F) -> PyResult<()>
+where
+    F: Future<Output = Reply> + Send + 'static,
+{
+    let task = Arc::new(TaskState::new(bridge.wake.clone(), id));
+    runtime()?.spawn(async move {
+        let guard = Unreplied(task);
+        let reply = work.await;
+        guard.0.reply(reply);
+    });
+    Ok(())
+}
+
+/// Connects to Redis (one node); `bridge` gets the store under `id`. `prefix` is the Redis
+/// key prefix every record lives under (the Rust crate's default, `idemkit`, so both
+/// languages share records by default).
+#[pyfunction]
+#[pyo3(signature = (bridge, id, url, prefix=None))]
+fn redis_store(bridge: &Bridge, id: u64, url: String, prefix: Option<String>) -> PyResult<()> {
+    connect_redis(bridge, id, prefix, move |builder| async move {
         builder.connect(&url).await
     })
 }
 
 /// Connects to a Redis Cluster through any of its nodes.
 #[pyfunction]
-#[pyo3(signature = (urls, prefix=None))]
+#[pyo3(signature = (bridge, id, urls, prefix=None))]
 fn redis_cluster_store(
-    py: Python<'_>,
+    bridge: &Bridge,
+    id: u64,
     urls: Vec<String>,
     prefix: Option<String>,
-) -> PyResult<Bound<'_, PyAny>> {
-    connect_redis(py, prefix, async move |builder| {
+) -> PyResult<()> {
+    connect_redis(bridge, id, prefix, async move |builder| {
         builder
             .connect_cluster(urls.iter().map(String::as_str))
             .await
@@ -214,50 +374,49 @@ fn redis_cluster_store(
 }
 
 fn connect_redis<F, Fut>(
-    py: Python<'_>,
+    bridge: &Bridge,
+    id: u64,
     prefix: Option<String>,
     connect: F,
-) -> PyResult<Bound<'_, PyAny>>
+) -> PyResult<()>
 where
     F: FnOnce(idemkit_redis::RedisStoreBuilder) -> Fut + Send + 'static,
     Fut: Future<Output = Result<idemkit_redis::RedisStore, idemkit_core::StoreError>> + Send,
 {
-    pyo3_async_runtimes::tokio::future_into_py(py, async move {
+    spawn_replying(bridge, id, async move {
         let mut builder = idemkit_redis::RedisStore::builder();
         if let Some(prefix) = prefix {
             builder = builder.prefix(prefix);
         }
-        let store = connect(builder)
-            .await
-            .map_err(|e| Python::attach(|py| store_error_to_py(py, e)))?;
-        Ok(Store {
-            inner: DynStore::with_raw(store),
-            name: "RedisStore",
-        })
+        match connect(builder).await {
+            Ok(store) => {
+                Reply::Connected(Store::connected(DynStore::with_raw(store), "RedisStore"))
+            }
+            Err(e) => Reply::Failed(e),
+        }
     })
 }
 
 /// Connects to PostgreSQL and migrates the table (`table`, default `idemkit_records`).
 #[pyfunction]
-#[pyo3(signature = (url, table=None))]
-fn postgres_store(
-    py: Python<'_>,
-    url: String,
-    table: Option<String>,
-) -> PyResult<Bound<'_, PyAny>> {
-    pyo3_async_runtimes::tokio::future_into_py(py, async move {
+#[pyo3(signature = (bridge, id, url, table=None))]
+fn postgres_store(bridge: &Bridge, id: u64, url: String, table: Option<String>) -> PyResult<()> {
+    spawn_replying(bridge, id, async move {
         let mut builder = idemkit_postgres::PgStore::builder();
         if let Some(table) = table {
             builder = builder.table(&table);
         }
-        let py_err = |e| Python::attach(|py| store_error_to_py(py, e));
-        let store = builder.connect(&url).await.map_err(py_err)?;
+        let store = match builder.connect(&url).await {
+            Ok(store) => store,
+            Err(e) => return Reply::Failed(e),
+        };
         // Idempotent, and serialised by an advisory lock: every worker may run it.
-        store.migrate().await.map_err(py_err)?;
-        Ok(Store {
-            inner: DynStore::with_raw(store),
-            name: "PostgresStore",
-        })
+        match store.migrate().await {
+            Ok(()) => {
+                Reply::Connected(Store::connected(DynStore::with_raw(store), "PostgresStore"))
+            }
+            Err(e) => Reply::Failed(e),
+        }
     })
 }
 
@@ -272,25 +431,37 @@ fn in_flight_of(mode: &str) -> PyResult<InFlight> {
     }
 }
 
+fn on_cancel_of(mode: &str) -> PyResult<OnCancel> {
+    match mode {
+        "keep" => Ok(OnCancel::KeepLease),
+        "release" => Ok(OnCancel::Release),
+        other => Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "on_cancel must be 'keep' or 'release', got {other:?}"
+        ))),
+    }
+}
+
 /// The coordinator: one per process and store, shared by every task.
 #[pyclass(frozen, module = "idemkit._native")]
 #[derive(Debug)]
 struct Coordinator {
     inner: idemkit_core::Coordinator<DynStore>,
+    store_pid: Option<u32>,
 }
 
 #[pymethods]
 impl Coordinator {
     #[new]
-    #[pyo3(signature = (store, *, lease=None, wait_timeout=None, fail_open=false, holder_name=None))]
+    #[pyo3(signature = (store, *, lease=None, wait_timeout=None, fail_open=false, holder_name=None, on_cancel="keep"))]
     fn new(
         store: &Store,
         lease: Option<f64>,
         wait_timeout: Option<f64>,
         fail_open: bool,
         holder_name: Option<String>,
+        on_cancel: &str,
     ) -> PyResult<Self> {
-        let mut policy = Policy::default();
+        let mut policy = Policy::default().on_cancel(on_cancel_of(on_cancel)?);
         if let Some(lease) = lease {
             policy = policy.lease(seconds("lease", lease)?);
         }
@@ -306,14 +477,16 @@ impl Coordinator {
         }
         Ok(Coordinator {
             inner: builder.build(),
+            store_pid: store.pid,
         })
     }
 
     /// Starts a call on the runtime and returns at once: `bridge` gets the call's first
     /// reply under `id` (the stored result's bytes, a [`Begun`] whose action the caller runs
     /// now, or the call's error). The returned [`Pending`] aborts the call if the caller
-    /// stops waiting.
-    #[pyo3(signature = (bridge, id, operation, key, ttl, in_flight="wait", fingerprint=None, scope=None))]
+    /// stops waiting. `on_cancel` (`"keep"` or `"release"`) overrides the coordinator's for
+    /// this call.
+    #[pyo3(signature = (bridge, id, operation, key, ttl, in_flight="wait", fingerprint=None, scope=None, on_cancel=None))]
     #[allow(clippy::too_many_arguments)]
     fn begin(
         &self,
@@ -326,45 +499,96 @@ impl Coordinator {
         in_flight: &str,
         fingerprint: Option<&[u8]>,
         scope: Option<&str>,
+        on_cancel: Option<&str>,
     ) -> PyResult<Pending> {
+        if let Some(pid) = self.store_pid
+            && pid != std::process::id()
+        {
+            return Err(raise(
+                py,
+                "ConfigError",
+                (format!(
+                    "this store was connected by process {pid}, before fork(): its connections \
+                     stayed there; connect a store (and make a coordinator) in this process"
+                ),),
+            ));
+        }
         let invalid = |e: idemkit_core::KeyError| raise(py, "InvalidKey", (e.to_string(),));
         let operation = Operation::new(operation).map_err(invalid)?;
         let key = Key::new(key).map_err(invalid)?;
         let scope = scope.map(Scope::new).transpose().map_err(invalid)?;
         let ttl = seconds("ttl", ttl)?;
         let mode = in_flight_of(in_flight)?;
+        let policy = match on_cancel {
+            Some(mode) => Some(
+                self.inner
+                    .policy_for(&operation)
+                    .on_cancel(on_cancel_of(mode)?),
+            ),
+            None => None,
+        };
         let fingerprint = fingerprint.map(Fingerprint::of);
 
         let coordinator = self.inner.clone();
-        let wake = bridge.wake.clone();
-        let call = runtime().spawn(async move {
-            // The id the call's last reply goes under: the begin's, until the action hands
-            // over its outcome with the id its completion waits under.
-            let mut reply_to = id;
-            let reply_to_ref = &mut reply_to;
-            let outcome = coordinator
+        let task = Arc::new(TaskState::new(bridge.wake.clone(), id));
+        let shared = task.clone();
+        let call = runtime()?.spawn(async move {
+            let guard = Unreplied(shared);
+            let task = &guard.0;
+            let mut call = coordinator
                 .call_owned(operation, key)
                 .scope_owned(scope)
                 .ttl(ttl)
                 .in_flight(mode)
-                .fingerprint(fingerprint)
-                .codec(Handoff)
-                .run(|attempt| {
-                    let (tx, rx) = oneshot::channel::<(Handed, u64)>();
-                    wake.push(id, Reply::Begun(attempt, tx));
-                    async move {
-                        match rx.await {
-                            Ok((handed, completion)) => {
-                                *reply_to_ref = completion;
-                                handed.ok_or(ActionFailed)
-                            }
-                            // The Python side dropped its Begun without an outcome: it
-                            // aborts this task too, so this only waits to be dropped.
-                            Err(_) => std::future::pending().await,
+                .fingerprint(fingerprint);
+            if let Some(policy) = policy {
+                call = call.policy(policy);
+            }
+            let call = call.codec(Handoff).run(|attempt| {
+                let (tx, rx) = oneshot::channel::<(Handed, u64)>();
+                // From here a caller that stops waiting does not abort the call: the
+                // `Begun` below reaches the loop, which releases it (nothing ran).
+                let handed_over = task
+                    .phase
+                    .compare_exchange(BEGINNING, AT_ACTION, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok();
+                if handed_over {
+                    task.wake.push(id, Reply::Begun(attempt, tx, task.clone()));
+                }
+                async move {
+                    if !handed_over {
+                        return Err(ActionFailed);
+                    }
+                    let handed = tokio::select! {
+                        handed = rx => handed.ok(),
+                        () = loop_closed(&task.wake) => None,
+                    };
+                    match handed {
+                        Some((handed, completion)) => {
+                            task.reply_to.store(completion, Ordering::Release);
+                            handed.ok_or(ActionFailed)
+                        }
+                        // Python never saw this call's action (its loop closed before it
+                        // drained the reply): nothing ran, so the key is released.
+                        None if !task.delivered.load(Ordering::Acquire) => Err(ActionFailed),
+                        // The action was running when its loop closed (or its `Begun` went
+                        // away): no outcome can come. The call is dropped at its action, as
+                        // a cancelled one is, and its policy's `on_cancel` applies.
+                        None => {
+                            task.abandoned.notify_one();
+                            std::future::pending().await
                         }
                     }
-                })
-                .await;
+                }
+            });
+            let outcome = tokio::select! {
+                outcome = call => outcome,
+                () = task.abandoned.notified() => {
+                    task.aborted.store(true, Ordering::Release);
+                    return;
+                }
+            };
+            let reply_to = task.reply_to.load(Ordering::Acquire);
             let reply = match outcome {
                 Ok(receipt) if reply_to == id => match receipt.into_value() {
                     Encoded::Bytes(bytes) => Reply::Replay(bytes),
@@ -374,11 +598,95 @@ impl Coordinator {
                 Err(Error::Action(ActionFailed)) => Reply::Stored(false),
                 Err(e) => Reply::Error(e),
             };
-            wake.push(reply_to, reply);
+            task.reply(reply);
         });
         Ok(Pending {
             call: Mutex::new(Some(call)),
+            task,
         })
+    }
+}
+
+/// Whether `wake`'s event loop is closed or gone: checked every [`LOOP_CHECK`], on a
+/// blocking thread (it takes the GIL); never returns for a bridge without a loop.
+async fn loop_closed(wake: &Wake) {
+    let Some(event_loop) = wake.event_loop.clone() else {
+        return std::future::pending().await;
+    };
+    loop {
+        tokio::time::sleep(LOOP_CHECK).await;
+        let event_loop = event_loop.clone();
+        let closed = tokio::task::spawn_blocking(move || {
+            // An interpreter that is shutting down runs no loop any more.
+            Python::try_attach(|py| {
+                let current = event_loop.bind(py).call0()?;
+                PyResult::Ok(current.is_none() || current.call_method0("is_closed")?.is_truthy()?)
+            })
+            .is_none_or(|closed| closed.unwrap_or(false))
+        })
+        .await
+        .unwrap_or(false);
+        if closed {
+            return;
+        }
+    }
+}
+
+/// What a task that owes Python a reply shares with the Python objects that may end it.
+#[derive(Debug)]
+struct TaskState {
+    wake: Arc<Wake>,
+    /// The id the task's last reply goes under: the begin's, until the action hands over
+    /// its outcome with the id its completion waits under.
+    reply_to: AtomicU64,
+    /// Set before the task is aborted on purpose (a cancelled caller): no reply is owed.
+    aborted: AtomicBool,
+    /// Set once its reply is queued.
+    replied: AtomicBool,
+    /// Set when Python received the `Begun`: its action may have started.
+    delivered: AtomicBool,
+    /// Notified when the running action can never hand its outcome over.
+    abandoned: Notify,
+    /// [`BEGINNING`], [`AT_ACTION`] or [`ABORTED`]: whether a caller that stops waiting
+    /// before its first reply aborts the call (before the action) or leaves the `Begun` it
+    /// will not take to the loop, which releases it.
+    phase: AtomicU8,
+}
+
+const BEGINNING: u8 = 0;
+const AT_ACTION: u8 = 1;
+const ABORTED: u8 = 2;
+
+impl TaskState {
+    fn new(wake: Arc<Wake>, id: u64) -> Self {
+        TaskState {
+            wake,
+            reply_to: AtomicU64::new(id),
+            aborted: AtomicBool::new(false),
+            replied: AtomicBool::new(false),
+            delivered: AtomicBool::new(false),
+            abandoned: Notify::new(),
+            phase: AtomicU8::new(BEGINNING),
+        }
+    }
+
+    fn reply(&self, reply: Reply) {
+        self.replied.store(true, Ordering::Release);
+        self.wake.push(self.reply_to.load(Ordering::Acquire), reply);
+    }
+}
+
+/// Dropped with its task: a task that ends without its reply, and that nobody aborted,
+/// panicked. Its caller gets an error instead of waiting for ever. (Tokio drops a panicked
+/// task's future after catching the panic, so `thread::panicking` cannot tell.)
+struct Unreplied(Arc<TaskState>);
+
+impl Drop for Unreplied {
+    fn drop(&mut self) {
+        let task = &self.0;
+        if !task.replied.load(Ordering::Acquire) && !task.aborted.load(Ordering::Acquire) {
+            task.reply(Reply::Panicked);
+        }
     }
 }
 
@@ -387,13 +695,26 @@ impl Coordinator {
 #[derive(Debug)]
 struct Pending {
     call: Mutex<Option<JoinHandle<()>>>,
+    task: Arc<TaskState>,
 }
 
 #[pymethods]
 impl Pending {
-    /// The caller stopped waiting (cancelled): the call is dropped where it is.
+    /// The caller stopped waiting (cancelled, or its coroutine closed) before its first
+    /// reply: a call still beginning is dropped where it is; one that reached its action has
+    /// sent its `Begun` already, which the loop releases (`Begun.fail`) on finding nobody
+    /// waiting for it.
     fn abort(&self) {
+        let task = &self.task;
+        if task
+            .phase
+            .compare_exchange(BEGINNING, ABORTED, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return;
+        }
         if let Some(call) = self.call.lock().expect("not poisoned").take() {
+            task.aborted.store(true, Ordering::Release);
             call.abort();
         }
     }
@@ -410,9 +731,13 @@ impl Pending {
 enum Reply {
     Replay(Vec<u8>),
     Unencodable(String),
-    Begun(Attempt, oneshot::Sender<(Handed, u64)>),
+    Begun(Attempt, oneshot::Sender<(Handed, u64)>, Arc<TaskState>),
     Stored(bool),
     Error(Error<ActionFailed>),
+    Connected(Store),
+    Failed(idemkit_core::StoreError),
+    /// The task owing this reply panicked (a bug in idemkit: the message is in stderr).
+    Panicked,
 }
 
 impl std::fmt::Debug for Reply {
@@ -423,6 +748,9 @@ impl std::fmt::Debug for Reply {
             Reply::Begun(..) => "Begun",
             Reply::Stored(_) => "Stored",
             Reply::Error(_) => "Error",
+            Reply::Connected(_) => "Connected",
+            Reply::Failed(_) => "Failed",
+            Reply::Panicked => "Panicked",
         })
     }
 }
@@ -435,6 +763,8 @@ struct Wake {
     replies: Mutex<Vec<(u64, Reply)>>,
     signalled: AtomicBool,
     tx: UnixStream,
+    /// A weak reference to the event loop that drains the replies (`None`: not watched).
+    event_loop: Option<Arc<Py<PyAny>>>,
 }
 
 impl Wake {
@@ -458,8 +788,11 @@ struct Bridge {
 
 #[pymethods]
 impl Bridge {
+    /// `event_loop_ref`: a `weakref.ref` to the loop that drains this bridge; a call whose
+    /// action runs checks it, and ends as a cancelled call once the loop is closed or gone.
     #[new]
-    fn new() -> PyResult<Self> {
+    #[pyo3(signature = (event_loop_ref=None))]
+    fn new(event_loop_ref: Option<Py<PyAny>>) -> PyResult<Self> {
         let (tx, rx) = UnixStream::pair()?;
         tx.set_nonblocking(true)?;
         rx.set_nonblocking(true)?;
@@ -468,6 +801,7 @@ impl Bridge {
                 replies: Mutex::new(Vec::new()),
                 signalled: AtomicBool::new(false),
                 tx,
+                event_loop: event_loop_ref.map(Arc::new),
             }),
             rx,
         })
@@ -492,15 +826,17 @@ impl Bridge {
                     true,
                     stored.into_pyobject(py)?.to_owned().into_any().unbind(),
                 ),
-                Reply::Begun(attempt, tx) => {
+                Reply::Begun(attempt, tx, task) => {
+                    task.delivered.store(true, Ordering::Release);
                     let begun = Begun {
-                        wake: self.wake.clone(),
                         attempt,
                         outcome: Mutex::new(Some(tx)),
                         call: Mutex::new(None),
+                        task,
                     };
                     (true, Py::new(py, begun)?.into_any())
                 }
+                Reply::Connected(store) => (true, Py::new(py, store)?.into_any()),
                 Reply::Unencodable(reason) => (
                     false,
                     raise(py, "ResultUnavailable", (reason,))
@@ -508,6 +844,18 @@ impl Bridge {
                         .into_any(),
                 ),
                 Reply::Error(e) => (false, error_to_py(py, e).into_value(py).into_any()),
+                Reply::Failed(e) => (false, store_error_to_py(py, e).into_value(py).into_any()),
+                Reply::Panicked => (
+                    false,
+                    raise(
+                        py,
+                        "IdemkitError",
+                        ("idemkit's runtime panicked while running this call (a bug: the panic's \
+                          message is on stderr); its key is left to its lease",),
+                    )
+                    .into_value(py)
+                    .into_any(),
+                ),
             };
             out.push((id, ok, value));
         }
@@ -519,10 +867,10 @@ impl Bridge {
 #[pyclass(frozen, module = "idemkit._native")]
 #[derive(Debug)]
 struct Begun {
-    wake: Arc<Wake>,
     attempt: Attempt,
     outcome: Mutex<Option<oneshot::Sender<(Handed, u64)>>>,
     call: Mutex<Option<JoinHandle<()>>>,
+    task: Arc<TaskState>,
 }
 
 impl Begun {
@@ -534,9 +882,17 @@ impl Begun {
         // From here the call runs to its end on its own: nothing aborts it any more.
         self.call.lock().expect("not poisoned").take();
         if sender.send((outcome, id)).is_err() {
-            self.wake.push(id, Reply::Stored(false));
+            // The call's task is gone without taking the outcome: it panicked.
+            self.task.wake.push(id, Reply::Panicked);
         }
         Ok(())
+    }
+
+    fn abort(&self) {
+        if let Some(call) = self.call.lock().expect("not poisoned").take() {
+            self.task.aborted.store(true, Ordering::Release);
+            call.abort();
+        }
     }
 }
 
@@ -568,20 +924,17 @@ impl Begun {
         self.finish(id, None)
     }
 
-    /// The caller was cancelled while the action ran: the call is dropped at its action,
-    /// and the reservation expires with its lease (as after a crash).
+    /// The action did not finish (its task cancelled, `KeyboardInterrupt`, `SystemExit`,
+    /// its coroutine closed): the call is dropped at its action, and the call's `on_cancel`
+    /// decides (keep the reservation until its lease ends, as a crash does, or release it).
     fn cancel(&self) {
-        if let Some(call) = self.call.lock().expect("not poisoned").take() {
-            call.abort();
-        }
+        self.abort();
     }
 }
 
 impl Drop for Begun {
     fn drop(&mut self) {
-        if let Some(call) = self.call.get_mut().ok().and_then(Option::take) {
-            call.abort();
-        }
+        self.abort();
     }
 }
 
@@ -635,35 +988,34 @@ impl PyAttempt {
 
 /// Migrates the transactional inbox's table (`schema.table`) on the database at `url`: the
 /// same table and the same claim as the Rust crate's `Inbox`, so a message claimed by either
-/// language is a duplicate to the other.
+/// language is a duplicate to the other. `bridge` gets `None` under `id` when it is done.
 #[pyfunction]
-#[pyo3(signature = (url, schema, table))]
+#[pyo3(signature = (bridge, id, url, schema, table))]
 fn migrate_inbox(
     py: Python<'_>,
+    bridge: &Bridge,
+    id: u64,
     url: String,
     schema: String,
     table: String,
-) -> PyResult<Bound<'_, PyAny>> {
+) -> PyResult<()> {
     let inbox = idemkit_postgres::Inbox::new()
         .schema(&schema)
         .and_then(|i| i.table(&table))
         .map_err(|e| raise(py, "InvalidKey", (e.to_string(),)))?;
-    pyo3_async_runtimes::tokio::future_into_py(py, async move {
-        let py_err = |e| Python::attach(|py| store_error_to_py(py, e));
-        let pool = idemkit_postgres::sqlx::PgPool::connect(&url)
-            .await
-            .map_err(|e| {
-                Python::attach(|py| {
-                    raise(
-                        py,
-                        "StoreUnavailable",
-                        (e.to_string(), "connect", "Unavailable"),
-                    )
-                })
-            })?;
-        inbox.migrate(&pool).await.map_err(py_err)?;
+    spawn_replying(bridge, id, async move {
+        let pool = match idemkit_postgres::sqlx::PgPool::connect(&url).await {
+            Ok(pool) => pool,
+            Err(e) => {
+                return Reply::Failed(idemkit_core::StoreError::unavailable(e));
+            }
+        };
+        let migrated = inbox.migrate(&pool).await;
         pool.close().await;
-        Ok(())
+        match migrated {
+            Ok(()) => Reply::Stored(true),
+            Err(e) => Reply::Failed(e),
+        }
     })
 }
 
@@ -692,5 +1044,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(postgres_store, m)?)?;
     m.add_function(wrap_pyfunction!(migrate_inbox, m)?)?;
     m.add_function(wrap_pyfunction!(validate, m)?)?;
+    m.add_function(wrap_pyfunction!(_panicking_store, m)?)?;
     Ok(())
 }

@@ -9,6 +9,8 @@ The idempotency-kit API (``AsyncIdempotencyCoordinator.coordinate``, ``async_ide
 its adapters and exceptions) is here too, for code written for it: see ``idemkit.compat``.
 """
 
+import importlib.util as _importlib_util
+
 from ._coordinator import (
     DEFAULT_TTL,
     Attempt,
@@ -52,15 +54,16 @@ from .compat import (
     fingerprint_of,
 )
 
-# idempotency-kit's exception names, for code that catches them.
-IdempotencyError = IdemkitError
-IdempotencyInProgressError = InProgress
-IdempotencyKeyReuseError = KeyReused
-IdempotencyStorageError = StoreError
-IdempotencyValidationError = InvalidKey
-IdempotencyInvalidTTLError = InvalidTTL
-IdempotencyKeyCollisionError = KeyCollision
-IdempotencyRecordExpiredError = RecordExpired
+from .core.exceptions import (
+    IdempotencyError,
+    IdempotencyInProgressError,
+    IdempotencyInvalidTTLError,
+    IdempotencyKeyCollisionError,
+    IdempotencyKeyReuseError,
+    IdempotencyRecordExpiredError,
+    IdempotencyStorageError,
+    IdempotencyValidationError,
+)
 
 __version__ = "0.1.0"
 
@@ -115,3 +118,17 @@ __all__ = [
     "async_idempotent",
     "fingerprint_of",
 ]
+
+# idempotency-kit's record models are pydantic models: loaded on first use, so that idemkit
+# imports without pydantic (``pip install idemkit[pydantic]`` brings it); in ``__all__`` when
+# pydantic is there, so that ``from idemkit import *`` works either way.
+if _importlib_util.find_spec("pydantic") is not None:
+    __all__ += ["IdempotencyIdentifiers", "IdempotencyRecord"]
+
+
+def __getattr__(name: str) -> object:
+    if name in ("IdempotencyRecord", "IdempotencyIdentifiers"):
+        from .core.models import entities
+
+        return getattr(entities, name)
+    raise AttributeError(f"module 'idemkit' has no attribute {name!r}")

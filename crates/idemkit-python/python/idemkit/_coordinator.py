@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, Literal, TypeVar
@@ -13,7 +15,10 @@ from .codecs import JSON, Codec
 
 T = TypeVar("T")
 
-InFlightMode = Literal["wait", "reject", "run"]
+InFlightMode = Literal["wait", "reject", "raise", "run"]
+OnCancel = Literal["keep", "release"]
+
+logger = logging.getLogger("idemkit")
 
 #: The TTL of a call that names none: a day, the seed's advice for a queue.
 DEFAULT_TTL = 86_400.0
@@ -53,11 +58,13 @@ class RedisStore(Store):
 
     @classmethod
     async def connect(cls, url: str = "redis://127.0.0.1:6379", *, prefix: str | None = None) -> RedisStore:
-        return cls(await _native.redis_store(url, prefix))
+        """Connects to one Redis (or Valkey) server; raises ``StoreUnavailable`` if it cannot."""
+        return cls(await _reply(_native.redis_store, url, prefix))
 
     @classmethod
     async def connect_cluster(cls, urls: Sequence[str], *, prefix: str | None = None) -> RedisStore:
-        return cls(await _native.redis_cluster_store(list(urls), prefix))
+        """Connects to a Redis Cluster through any of ``urls``."""
+        return cls(await _reply(_native.redis_cluster_store, list(urls), prefix))
 
 
 class PostgresStore(Store):
@@ -67,7 +74,8 @@ class PostgresStore(Store):
 
     @classmethod
     async def connect(cls, url: str, *, table: str | None = None) -> PostgresStore:
-        return cls(await _native.postgres_store(url, table))
+        """Connects and migrates the table; raises ``StoreUnavailable`` if it cannot connect."""
+        return cls(await _reply(_native.postgres_store, url, table))
 
 
 class Coordinator:
@@ -77,9 +85,16 @@ class Coordinator:
     while the action runs); ``wait_timeout`` bounds how long ``in_flight="wait"`` waits in
     all; ``fail_open=True`` runs the action unprotected when the store is *unreachable*
     (never for a corrupt record); the default refuses with ``StoreUnavailable``.
+
+    ``on_cancel`` is what a call whose action does not finish leaves behind (its task
+    cancelled, ``KeyboardInterrupt`` or ``SystemExit`` raised in it, its coroutine closed,
+    its event loop closed): ``"keep"`` (the default) keeps the reservation until its lease
+    ends, as a crash does, because the effect may be half done; ``"release"`` releases the
+    key at once, for actions that are safe to run again. ``abandoned_waits`` counts the
+    calls that found a reservation this process abandoned so (each also logs a warning).
     """
 
-    __slots__ = ("_native", "store")
+    __slots__ = ("_native", "store", "on_cancel", "abandoned_waits", "_abandoned")
 
     def __init__(
         self,
@@ -89,10 +104,47 @@ class Coordinator:
         wait_timeout: float | None = None,
         fail_open: bool = False,
         holder_name: str | None = None,
+        on_cancel: OnCancel = "keep",
     ) -> None:
         self.store = store
         self._native = _native.Coordinator(
-            store._native, lease=lease, wait_timeout=wait_timeout, fail_open=fail_open, holder_name=holder_name
+            store._native,
+            lease=lease,
+            wait_timeout=wait_timeout,
+            fail_open=fail_open,
+            holder_name=holder_name,
+            on_cancel=on_cancel,
+        )
+        self.on_cancel = on_cancel
+        self.abandoned_waits = 0
+        # (operation, key, scope) -> the loop time its abandoned reservation's lease ends.
+        self._abandoned: dict[tuple[str, str, str | None], float] = {}
+
+    def _abandon(self, operation: str, key: str, scope: str | None, lease_left: float | None) -> None:
+        if lease_left is None:
+            return
+        now = asyncio.get_running_loop().time()
+        if len(self._abandoned) > 1024:
+            self._abandoned = {k: end for k, end in self._abandoned.items() if end > now}
+        self._abandoned[(operation, key, scope)] = now + lease_left
+
+    def _check_abandoned(self, operation: str, key: str, scope: str | None) -> None:
+        end = self._abandoned.get((operation, key, scope))
+        if end is None:
+            return
+        left = end - asyncio.get_running_loop().time()
+        if left <= 0:
+            del self._abandoned[(operation, key, scope)]
+            return
+        self.abandoned_waits += 1
+        logger.warning(
+            "%s %r: its reservation was left by a call of this process that did not finish "
+            "(cancelled); it is free when its lease ends, in %.1f s at most (on_cancel=%r)",
+            operation,
+            key,
+            left,
+            self.on_cancel,
+            extra={"operation": operation, "idempotency_key": key, "lease_left": left},
         )
 
     def call(
@@ -105,14 +157,16 @@ class Coordinator:
         fingerprint: str | bytes | None = None,
         scope: str | None = None,
         codec: Codec[Any] = JSON,
+        on_cancel: OnCancel | None = None,
     ) -> Call[Any]:
         """A call of ``operation`` under ``key``; ``await call.run(action)`` runs it.
 
         ``ttl`` is how long the result is replayed, in seconds (exact, not rounded): longer
         than the latest redelivery. ``fingerprint`` is what the request is: a later call under
         the key with another fingerprint gets ``KeyReused``. ``scope`` is a tenant.
+        ``on_cancel`` overrides the coordinator's for this call.
         """
-        return Call(self, operation, key, ttl, in_flight, fingerprint, scope, codec)
+        return Call(self, operation, key, ttl, in_flight, fingerprint, scope, codec, on_cancel)
 
     def __repr__(self) -> str:
         return f"Coordinator({self.store!r})"
@@ -121,7 +175,7 @@ class Coordinator:
 class Call(Generic[T]):
     """One call: ``await coordinator.call(op, key).run(action, *args)``."""
 
-    __slots__ = ("_coordinator", "operation", "key", "ttl", "in_flight", "fingerprint", "scope", "codec")
+    __slots__ = ("_coordinator", "operation", "key", "ttl", "in_flight", "fingerprint", "scope", "codec", "on_cancel")
 
     def __init__(
         self,
@@ -133,6 +187,7 @@ class Call(Generic[T]):
         fingerprint: str | bytes | None,
         scope: str | None,
         codec: Codec[T],
+        on_cancel: OnCancel | None = None,
     ) -> None:
         self._coordinator = coordinator
         self.operation = operation
@@ -142,31 +197,49 @@ class Call(Generic[T]):
         self.fingerprint = fingerprint.encode() if isinstance(fingerprint, str) else fingerprint
         self.scope = scope
         self.codec = codec
+        self.on_cancel = on_cancel
 
     async def run(self, action: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
         """Runs ``action(attempt, *args, **kwargs)`` at most once for the key, or replays its value.
 
-        An exception from the action releases the key (a retry runs it again) and is raised
-        as it is. A cancelled caller leaves the key reserved until its lease ends, as a crash
-        does: the effect may be half done. Raises ``InProgress``, ``KeyReused``,
+        An ``Exception`` from the action releases the key (a retry runs it again) and is
+        raised as it is. An action that does not finish (its task cancelled,
+        ``KeyboardInterrupt`` or ``SystemExit`` raised in it, its coroutine closed, its event
+        loop closed) leaves what ``on_cancel`` says: by default the reservation until its
+        lease ends, as a crash does. Raises ``InProgress``, ``KeyReused``,
         ``StoreUnavailable`` ... (see ``idemkit.IdemkitError``), each meaning nothing ran.
         """
+        coordinator = self._coordinator
+        if coordinator._abandoned:
+            coordinator._check_abandoned(self.operation, self.key, self.scope)
         bridge = _bridge()
         id, waiting = bridge.future()
         try:
-            pending = self._coordinator._native.begin(
-                bridge.native, id, self.operation, self.key, self.ttl, self.in_flight, self.fingerprint, self.scope
+            pending = coordinator._native.begin(
+                bridge.native,
+                id,
+                self.operation,
+                self.key,
+                self.ttl,
+                self.in_flight,
+                self.fingerprint,
+                self.scope,
+                self.on_cancel,
             )
         except BaseException:
             bridge.forget(id)
             raise
         try:
             begun = await waiting
-        except asyncio.CancelledError:
-            pending.abort()
-            raise
         except IdemkitError as e:
             e.operation, e.key = self.operation, self.key
+            raise
+        except BaseException:
+            # Cancelled, or the coroutine closed: the call stops where it is (a reservation
+            # it has already taken is released: its action never started).
+            bridge.forget(id)
+            pending.abort()
+            _release_unstarted(waiting)
             raise
         if type(begun) is bytes:
             try:
@@ -178,14 +251,25 @@ class Call(Generic[T]):
         pending.hand_over(begun)
         try:
             value = await action(begun.attempt, *args, **kwargs)
-        except asyncio.CancelledError:
-            begun.cancel()
-            raise
-        except BaseException:
+        except Exception:
             # Released before the exception goes on, so an immediate retry runs again.
             id, waiting = bridge.future()
             begun.fail(id)
             await _settled(waiting)
+            raise
+        except GeneratorExit:
+            # A closed coroutine may not await: the call is dropped, and on_cancel applies.
+            begun.cancel()
+            raise
+        except BaseException:
+            # Cancelled, KeyboardInterrupt, SystemExit: the effect may be half done.
+            if (self.on_cancel or coordinator.on_cancel) == "release":
+                id, waiting = bridge.future()
+                begun.fail(id)
+                await _settled(waiting)
+            else:
+                coordinator._abandon(self.operation, self.key, self.scope, begun.attempt.lease_left())
+                begun.cancel()
             raise
         id, waiting = bridge.future()
         try:
@@ -201,6 +285,31 @@ class Call(Generic[T]):
             e.operation, e.key = self.operation, self.key
             raise
         return value
+
+
+def _release_unstarted(waiting: asyncio.Future[Any]) -> None:
+    """A call whose caller stopped waiting just as its ``Begun`` arrived: its action never
+    started, so the key is released."""
+    if waiting.done() and not waiting.cancelled() and waiting.exception() is None:
+        begun = waiting.result()
+        if type(begun) is _native.Begun:
+            begun.fail(0)
+
+
+async def _reply(start: Callable[..., None], *args: Any) -> Any:
+    """Starts ``start(bridge, id, *args)`` on the runtime and waits for its reply."""
+    bridge = _bridge()
+    id, waiting = bridge.future()
+    try:
+        start(bridge.native, id, *args)
+    except BaseException:
+        bridge.forget(id)
+        raise
+    try:
+        return await waiting
+    except BaseException:
+        bridge.forget(id)
+        raise
 
 
 async def _settled(waiting: asyncio.Future[Any]) -> Any:
@@ -219,7 +328,7 @@ class _Bridge:
     __slots__ = ("native", "pending", "next_id", "loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.native = _native.Bridge()
+        self.native = _native.Bridge(weakref.ref(loop))
         self.pending: dict[int, asyncio.Future[Any]] = {}
         self.next_id = 0
         self.loop = loop
@@ -239,7 +348,11 @@ class _Bridge:
         for id, ok, value in self.native.drain():
             waiting = pending.pop(id, None)
             if waiting is None or waiting.done():
-                continue  # its caller was cancelled; a Begun dropped here aborts its call
+                # Its caller stopped waiting. A call that reached its action meanwhile is
+                # released: its action never started.
+                if ok and type(value) is _native.Begun:
+                    value.fail(0)
+                continue
             if ok:
                 waiting.set_result(value)
             else:
@@ -255,3 +368,13 @@ def _bridge() -> _Bridge:
     if bridge is None:
         bridge = _bridges[loop] = _Bridge(loop)
     return bridge
+
+
+def _after_fork_in_child() -> None:
+    # The parent's loops (and their bridges) are not this process's; the native runtime is
+    # started again on first use (it is the process's, by pid).
+    _bridges.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -6,6 +6,8 @@ Each also carries the name idempotency-kit gives the same condition (``Idempoten
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class IdemkitError(Exception):
     """Every error of idemkit. Nothing ran when one is raised, unless its class says so."""
@@ -31,16 +33,22 @@ class InProgress(IdemkitError):
     """Another caller holds the key (``in_flight="reject"``, or a wait that timed out); nothing ran.
 
     ``retry_after`` is when to come back, in seconds: a queue worker requeues with it, an HTTP
-    handler answers 409 with ``Retry-After``.
+    handler answers 409 with ``Retry-After``. Built as ``InProgress(message, retry_after=...)``,
+    or as idempotency-kit builds its ``IdempotencyInProgressError``: ``(operation, key)``.
     """
 
     def __init__(
         self,
         message: str,
-        retry_after: float = 0.0,
+        retry_after: float | str = 0.0,
         lease_left: float = 0.0,
         held_for: float | None = None,
     ) -> None:
+        if isinstance(retry_after, str):
+            # idempotency-kit's form: (operation, key).
+            self.operation, self.key = message, retry_after
+            message = f"Idempotency record for operation '{message}', key '{retry_after}' is still in flight"
+            retry_after = 0.0
         super().__init__(message)
         self.retry_after = retry_after
         self.lease_left = lease_left
@@ -48,12 +56,30 @@ class InProgress(IdemkitError):
 
 
 class KeyReused(IdemkitError):
-    """The key was first used with a different request fingerprint; nothing ran."""
+    """The key was first used with a different request fingerprint; nothing ran.
 
-    def __init__(self, message: str, stored_fingerprint: str | None = None, fingerprint: str | None = None) -> None:
-        super().__init__(message)
-        self.stored_fingerprint = stored_fingerprint
-        self.fingerprint = fingerprint
+    Built as ``KeyReused(message)``, or as idempotency-kit builds its
+    ``IdempotencyKeyReuseError``: ``(operation, key, stored_fingerprint, fingerprint)``.
+    ``stored_fingerprint`` and ``fingerprint`` are the two fingerprints when they are known:
+    the drop-in (``AsyncIdempotencyCoordinator``) knows them; the native ``Coordinator`` keeps
+    a digest in the store, and leaves them ``None``.
+    """
+
+    def __init__(self, *args: Any) -> None:
+        self.stored_fingerprint: str | None = None
+        self.fingerprint: str | None = None
+        if len(args) == 4:
+            operation, key, stored, given = args
+            self.operation, self.key = operation, key
+            self.stored_fingerprint, self.fingerprint = stored, given
+            args = (
+                f"Idempotency key '{key}' for operation '{operation}' was used for a different request: "
+                f"stored fingerprint '{stored}', got '{given}'",
+            )
+        elif len(args) == 3:
+            self.stored_fingerprint, self.fingerprint = args[1], args[2]
+            args = args[:1]
+        super().__init__(*args)
 
 
 class ResultUnavailable(IdemkitError):
@@ -68,13 +94,27 @@ class DecodeError(IdemkitError):
 
 class StoreError(IdemkitError):
     """The store failed or answered with something it should not hold (a corrupt record);
-    for the reservation and the wait, nothing ran."""
+    for the reservation and the wait, nothing ran.
 
-    def __init__(self, message: str, phase: str | None = None, kind: str | None = None) -> None:
+    ``phase`` (``begin``, ``complete`` ...) and ``kind`` (``Unavailable``, ``Corrupt`` ...) say
+    where and how, for an error of the core. Built as idempotency-kit builds its
+    ``IdempotencyStorageError``: ``(message, operation=None, original_error=None)``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        operation: str | None = None,
+        original_error: BaseException | None = None,
+        *,
+        phase: str | None = None,
+        kind: str | None = None,
+    ) -> None:
         super().__init__(message)
+        self.operation = operation
+        self.original_error = original_error
         self.phase = phase
         self.kind = kind
-        self.original_error = None
 
 
 class StoreUnavailable(StoreError):
@@ -106,3 +146,9 @@ class InvalidTTL(ConfigError):
     def __init__(self, ttl_seconds: float, min_ttl: float = 0.0, max_ttl: float = float("inf")) -> None:
         super().__init__(f"Invalid TTL {ttl_seconds}s. Must be between {min_ttl}s and {max_ttl}s")
         self.ttl_seconds, self.min_ttl, self.max_ttl = ttl_seconds, min_ttl, max_ttl
+
+
+def _store_error(unavailable: bool, message: str, phase: str, kind: str) -> StoreError:
+    """A store error of the core, as the native module raises it."""
+    cls = StoreUnavailable if unavailable else StoreError
+    return cls(message, phase=phase, kind=kind)

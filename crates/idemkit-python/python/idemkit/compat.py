@@ -1,9 +1,11 @@
 """A drop-in for idempotency-kit 0.5.0's public API, on the idemkit core.
 
-Code written for idempotency-kit runs with only its import changed: ``import idemkit as ik``
-(or ``from idemkit import AsyncIdempotencyCoordinator, ...``; the Redis repository is also at
-``idemkit.infra.storage.redis.aio.repository``). What differs, each safer, is listed in
-``docs/python.md`` ("Differences from idempotency-kit").
+Code written for idempotency-kit runs with only the package name changed in its imports:
+``import idemkit as ik`` for ``import idempotency_kit as ik``, and every module path under it
+(``idemkit.core.services.aio.coordinator``, ``idemkit.infra.storage.redis.aio``,
+``idemkit.settings``, ``idemkit.dishka`` ...). What differs, each on purpose, is listed in
+``docs/python.md`` ("Differences that remain") and checked against idempotency-kit itself by
+``pytests/test_dropin.py``.
 """
 
 from __future__ import annotations
@@ -20,11 +22,25 @@ import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
 from urllib.parse import quote
 
+from . import _native
 from ._coordinator import Coordinator, MemoryStore, PostgresStore, RedisStore, Store
-from ._errors import ConfigError, IdemkitError, InvalidKey, InvalidTTL, StoreError
+from ._errors import (
+    DecodeError,
+    IdemkitError,
+    InProgress,
+    InvalidKey,
+    InvalidTTL,
+    KeyReused,
+    RecordExpired,
+    StoreError,
+    StoreUnavailable,
+)
+
+if TYPE_CHECKING:
+    from .core.models.entities import IdempotencyRecord
 
 T = TypeVar("T")
 logger = logging.getLogger("idemkit")
@@ -35,23 +51,31 @@ StorageErrorMode = Literal["run", "raise"]
 DEFAULT_TTL_MINUTES = 60
 MIN_TTL_SECONDS = 60
 MAX_TTL_SECONDS = 30 * 24 * 3600
+DEFAULT_IN_FLIGHT_MODE: InFlightMode = "wait"
 DEFAULT_IN_FLIGHT_LEASE_SECONDS = 30
+DEFAULT_ON_STORAGE_ERROR: StorageErrorMode = "run"
+#: The core's limits, in UTF-8 bytes (idempotency-kit: 255 and 100 characters).
+MAX_KEY_LENGTH = 512
+MAX_OPERATION_LENGTH = 128
 
 
 # -- adapters ------------------------------------------------------------------------------
 
 
-class ResultAdapter:
-    """What idempotency-kit calls an adapter: ``encode`` to a JSON value, ``decode`` back."""
+class ResultAdapter(Protocol[T]):
+    """What idempotency-kit calls an adapter: ``encode`` a result to a JSON value, ``decode``
+    it back. Generic: ``class OrderAdapter(ResultAdapter[Order])``."""
 
-    def encode(self, value: Any) -> Any:  # pragma: no cover - protocol
-        raise NotImplementedError
+    def encode(self, value: T) -> Any:
+        """The result as a JSON value."""
+        ...
 
-    def decode(self, data: Any) -> Any:  # pragma: no cover - protocol
-        raise NotImplementedError
+    def decode(self, data: Any) -> T:
+        """The result back from its JSON value."""
+        ...
 
 
-class JsonResultAdapter(ResultAdapter):
+class JsonResultAdapter(ResultAdapter[Any]):
     """Results that already are JSON values."""
 
     def encode(self, value: Any) -> Any:
@@ -61,7 +85,7 @@ class JsonResultAdapter(ResultAdapter):
         return data
 
 
-class VoidResultAdapter(ResultAdapter):
+class VoidResultAdapter(ResultAdapter[None]):
     """Actions that return ``None``: the record stores JSON ``null``."""
 
     def encode(self, value: None) -> Any:
@@ -71,56 +95,60 @@ class VoidResultAdapter(ResultAdapter):
         return None
 
 
-class PydanticResultAdapter(ResultAdapter):
+M = TypeVar("M")
+
+
+class PydanticResultAdapter(ResultAdapter[M], Generic[M]):
     """Pydantic models, as ``model_dump(mode="json")``; ``None`` is refused (not storable)."""
 
-    def __init__(self, model_class: type) -> None:
+    def __init__(self, model_class: type[M]) -> None:
         self.model_class = model_class
 
-    def encode(self, value: Any) -> Any:
+    def encode(self, value: M) -> Any:
         if value is None:
             raise InvalidKey(
-                f"PydanticResultAdapter({self.model_class.__name__}) cannot encode None. "
+                f"{type(self).__name__}({self.model_class.__name__}) cannot encode None. "
                 "Use VoidResultAdapter for an action that returns None, or JsonResultAdapter for one that may."
             )
-        return value.model_dump(mode="json")
+        return value.model_dump(mode="json")  # type: ignore[attr-defined]
 
-    def decode(self, data: Any) -> Any:
+    def decode(self, data: Any) -> M:
         if data is None:
             raise ValueError("cannot decode a null idempotency payload")
-        return self.model_class.model_validate(data)
-
-
-class _AdapterCodec:
-    """An adapter seen as an idemkit codec: the adapter's JSON value, as JSON bytes."""
-
-    __slots__ = ("adapter",)
-
-    def __init__(self, adapter: ResultAdapter) -> None:
-        self.adapter = adapter
-
-    def encode(self, value: Any) -> bytes:
-        return json.dumps(self.adapter.encode(value), separators=(",", ":"), ensure_ascii=False).encode()
-
-    def decode(self, data: bytes) -> Any:
-        return self.adapter.decode(json.loads(data))
-
-    def __repr__(self) -> str:
-        return f"{type(self.adapter).__name__}()"
+        return self.model_class.model_validate(data)  # type: ignore[attr-defined, no-any-return]
 
 
 # -- fingerprints --------------------------------------------------------------------------
 
 
+def _iso_duration(span: datetime.timedelta) -> str:
+    seconds = span.total_seconds()
+    sign, seconds = ("-", -seconds) if seconds < 0 else ("", seconds)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, rest = divmod(rest, 60)
+    out = f"{sign}P{int(days)}D" if days else f"{sign}P"
+    time = (f"{int(hours)}H" if hours else "") + (f"{int(minutes)}M" if minutes else "")
+    if rest or not (days or time):
+        time += f"{rest:g}S"
+    return out + ("T" + time if time else "")
+
+
 def _jsonable(value: Any) -> Any:
+    """JSON forms for what ``json`` cannot write, as pydantic writes them (``Z`` for UTC)."""
     if hasattr(value, "model_dump"):
         return value.model_dump(mode="json")
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.asdict(value)
     if isinstance(value, (uuid.UUID, decimal.Decimal)):
         return str(value)
-    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+    if isinstance(value, datetime.datetime):
+        text = value.isoformat()
+        return text[:-6] + "Z" if text.endswith("+00:00") else text
+    if isinstance(value, (datetime.date, datetime.time)):
         return value.isoformat()
+    if isinstance(value, datetime.timedelta):
+        return _iso_duration(value)
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, (set, frozenset, tuple)):
@@ -131,16 +159,24 @@ def _jsonable(value: Any) -> Any:
 
 
 def fingerprint_of(**values: Any) -> str:
-    """The SHA-256 hex digest of the named values as canonical JSON (keys sorted)."""
-    canonical = json.dumps(values, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_jsonable)
+    """The SHA-256 hex digest of the named values as canonical JSON (keys sorted), the same
+    digest idempotency-kit's ``fingerprint_of`` gives: pydantic's JSON forms (its
+    ``to_jsonable_python`` when pydantic is installed), so a datetime in UTC ends in ``Z``."""
+    try:
+        from pydantic_core import to_jsonable_python
+    except ImportError:  # pragma: no cover - pydantic is optional
+        plain: Any = values
+    else:
+        plain = to_jsonable_python(values)
+    canonical = json.dumps(plain, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_jsonable)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-# -- the domain service and the repositories ----------------------------------------------
+# -- the domain service --------------------------------------------------------------------
 
 
 class IdempotencyDomainService:
-    """TTL bounds and the default TTL (only its TTL settings matter to idemkit)."""
+    """TTL bounds and the default TTL; it also builds idempotency-kit's record models."""
 
     def __init__(
         self,
@@ -157,22 +193,126 @@ class IdempotencyDomainService:
             raise InvalidKey(f"max_ttl_seconds ({max_ttl_seconds}) must be >= min_ttl_seconds ({min_ttl_seconds})")
         if not min_ttl_seconds <= default_ttl_minutes * 60 <= max_ttl_seconds:
             raise InvalidKey(
-                f"Default TTL ({default_ttl_minutes * 60}s) is outside allowed range [{min_ttl_seconds}s, {max_ttl_seconds}s]"
+                f"Default TTL ({float(default_ttl_minutes * 60)}s) is outside allowed range "
+                f"[{min_ttl_seconds}s, {max_ttl_seconds}s]"
             )
         self.default_ttl_minutes = default_ttl_minutes
         self.min_ttl_seconds = min_ttl_seconds
         self.max_ttl_seconds = max_ttl_seconds
 
-    def ttl_for(self, ttl_seconds: float | None) -> float:
-        """The TTL of a record: exactly ``ttl_seconds``, or the default; out of bounds raises."""
-        ttl = float(self.default_ttl_minutes * 60) if ttl_seconds is None else float(ttl_seconds)
+    def ttl_of(self, ttl_seconds: float | None) -> tuple[float, bool]:
+        """The TTL a call's record gets, and whether it may be stored at all.
+
+        ``None`` is the default TTL. A TTL below a minute (0 included) is a minute, as in
+        idempotency-kit; above it the seconds are kept exactly (idempotency-kit floors them to
+        whole minutes). A TTL outside ``[min_ttl_seconds, max_ttl_seconds]`` cannot be
+        stored: the call runs its action uncached, as idempotency-kit does.
+        """
+        if ttl_seconds is None:
+            ttl = float(self.default_ttl_minutes * 60)
+        else:
+            ttl = max(float(ttl_seconds), 60.0)
+        return ttl, self.min_ttl_seconds <= ttl <= self.max_ttl_seconds
+
+    def create_record(
+        self,
+        operation: str,
+        idempotency_key: str,
+        result: Any,
+        *,
+        ttl_minutes: int | None = None,
+        fingerprint: str | None = None,
+    ) -> IdempotencyRecord:
+        """A completed ``IdempotencyRecord`` (the model needs pydantic); the TTL is checked."""
+        from .core.models.entities import IdempotencyRecord
+
+        ttl = float((ttl_minutes if ttl_minutes is not None else self.default_ttl_minutes) * 60)
         if not self.min_ttl_seconds <= ttl <= self.max_ttl_seconds:
             raise InvalidTTL(ttl, float(self.min_ttl_seconds), float(self.max_ttl_seconds))
-        return ttl
+        return _validated(
+            lambda: IdempotencyRecord.create(operation, idempotency_key, result, ttl, fingerprint=fingerprint)
+        )
+
+    def create_pending_record(
+        self, operation: str, idempotency_key: str, *, lease_seconds: int, fingerprint: str | None = None
+    ) -> IdempotencyRecord:
+        """A pending ``IdempotencyRecord`` (an in-flight reservation) for ``lease_seconds``."""
+        from .core.models.entities import IdempotencyRecord
+
+        if lease_seconds < 1:
+            raise InvalidKey(f"lease_seconds must be >= 1, got {lease_seconds}")
+        return _validated(
+            lambda: IdempotencyRecord.pending(operation, idempotency_key, lease_seconds, fingerprint=fingerprint)
+        )
+
+    def validate_record(self, record: IdempotencyRecord) -> None:
+        """Raises ``IdempotencyRecordExpiredError`` for an expired record."""
+        if record.is_expired:
+            raise RecordExpired(record.operation, record.idempotency_key)
 
 
-class _Repository:
-    """Where the drop-in's coordinator keeps records: an idemkit store, connected on first use."""
+def _validated(build: Callable[[], T]) -> T:
+    from pydantic import ValidationError
+
+    try:
+        return build()
+    except ValidationError as e:
+        raise InvalidKey(str(e), errors=e.errors()) from e
+
+
+# -- metrics -------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class IdempotencyMetricsProtocol(Protocol):
+    """idempotency-kit's metrics protocol: the drop-in's coordinator tells it of hits, misses,
+    collisions and errors (idemkit's own counters are the Rust core's: ``docs/metrics.md``)."""
+
+    def record_hit(self, operation: str) -> None: ...
+    def record_miss(self, operation: str) -> None: ...
+    def record_collision(self, operation: str) -> None: ...
+    def record_error(self, operation: str, error_type: str) -> None: ...
+    def record_latency(self, operation: str, method: str, duration_seconds: float) -> None: ...
+    def record_bulk_hit(self, operation: str, count: int) -> None: ...
+    def record_bulk_miss(self, operation: str, count: int) -> None: ...
+
+
+class NoOpIdempotencyMetrics(IdempotencyMetricsProtocol):
+    """Records nothing."""
+
+    def record_hit(self, operation: str) -> None:
+        pass
+
+    def record_miss(self, operation: str) -> None:
+        pass
+
+    def record_collision(self, operation: str) -> None:
+        pass
+
+    def record_error(self, operation: str, error_type: str) -> None:
+        pass
+
+    def record_latency(self, operation: str, method: str, duration_seconds: float) -> None:
+        pass
+
+    def record_bulk_hit(self, operation: str, count: int) -> None:
+        pass
+
+    def record_bulk_miss(self, operation: str, count: int) -> None:
+        pass
+
+
+# -- the repositories ----------------------------------------------------------------------
+
+
+class AsyncIdempotencyRepository:
+    """Where the drop-in's coordinator keeps records: an idemkit store, connected on first use.
+
+    Not idempotency-kit's repository protocol (``get``, ``save``, ``replace`` ...): idemkit's
+    coordinator reserves, renews and completes through the store's own atomic operations, so
+    a repository is a store's address. Use ``RedisAsyncIdempotencyRepository``,
+    ``PostgresIdempotencyRepository`` or ``MemoryIdempotencyRepository``.
+    """
 
     def __init__(self) -> None:
         self._store: Store | None = None
@@ -182,6 +322,7 @@ class _Repository:
         raise NotImplementedError
 
     async def store(self) -> Store:
+        """The store, connected on the first call (and again after a failed connect)."""
         if self._store is not None:
             return self._store
         if self._lock is None:
@@ -209,7 +350,7 @@ def _url_of(client: Any) -> str:
     return f"{scheme}://{auth}{host}:{port}/{db}"
 
 
-class RedisAsyncIdempotencyRepository(_Repository):
+class RedisAsyncIdempotencyRepository(AsyncIdempotencyRepository):
     """idempotency-kit's Redis repository: give it your ``redis.asyncio`` client (only its
     address is used; idemkit keeps connections of its own) or a URL.
 
@@ -233,7 +374,7 @@ class RedisAsyncIdempotencyRepository(_Repository):
         return await RedisStore.connect(_url_of(self._client), prefix=self._prefix)
 
 
-class PostgresIdempotencyRepository(_Repository):
+class PostgresIdempotencyRepository(AsyncIdempotencyRepository):
     """Records in PostgreSQL (idemkit's table), for code that wants the drop-in there."""
 
     def __init__(self, url: str, *, table: str | None = None) -> None:
@@ -244,51 +385,91 @@ class PostgresIdempotencyRepository(_Repository):
         return await PostgresStore.connect(self._url, table=self._table)
 
 
-class MemoryIdempotencyRepository(_Repository):
+class MemoryIdempotencyRepository(AsyncIdempotencyRepository):
     """Records in this process (tests)."""
 
     async def _connect(self) -> Store:
         return MemoryStore()
 
 
-AsyncIdempotencyRepository = _Repository
-
-
-class NoOpIdempotencyMetrics:
-    """idempotency-kit's metrics protocol, recording nothing; idemkit's own counters are
-    the Rust core's (``docs/metrics.md``)."""
-
-    def record_hit(self, operation: str) -> None: ...
-    def record_miss(self, operation: str) -> None: ...
-    def record_collision(self, operation: str) -> None: ...
-    def record_error(self, operation: str, error_type: str) -> None: ...
-    def record_latency(self, operation: str, phase: str, seconds: float) -> None: ...
-
-
-IdempotencyMetricsProtocol = NoOpIdempotencyMetrics
-
-
 # -- the coordinator -----------------------------------------------------------------------
+
+# A record made with a fingerprint starts with it: MARK, the fingerprint as a JSON string, a
+# newline, then the result's JSON. A JSON text never starts with this byte, so a record made
+# without one (the bare JSON) is never mistaken for it.
+_FP_MARK = b"\x1eidempotency-fingerprint "
+
+
+class _Bytes:
+    """The core's codec for the drop-in: the coordinator encodes and decodes itself (the
+    fingerprint rides in the record); anything but bytes is a result it could not encode."""
+
+    __slots__ = ()
+
+    def encode(self, value: Any) -> bytes:
+        if isinstance(value, bytes):
+            return value
+        raise TypeError(f"the adapter could not encode the result: {value}")
+
+    def decode(self, data: bytes) -> bytes:
+        return data
+
+    def __repr__(self) -> str:
+        return "the drop-in's adapter"
+
+
+_BYTES = _Bytes()
+
+
+class _Unencodable:
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __str__(self) -> str:
+        return f"{type(self.error).__name__}: {self.error}"
+
+
+class _Uncached(Exception):
+    """Raised out of the action so that the core releases the key: the result is returned
+    but not stored (a TTL outside the domain service's bounds)."""
+
+
+class _Outcome:
+    __slots__ = ("ran", "value", "protected", "encoded")
+
+    def __init__(self) -> None:
+        self.ran = False
+        self.value: Any = None
+        self.protected = True
+        self.encoded: bytes | None = None
 
 
 class AsyncIdempotencyCoordinator:
     """idempotency-kit's coordinator, run by idemkit: reserve, renew, complete, replay.
 
     ``in_flight`` is ``"wait"`` (the default), ``"raise"`` (``IdempotencyInProgressError`` at
-    once) or ``"run"``. ``on_storage_error="run"`` (idempotency-kit's default) runs the
-    action unprotected only when the store is unreachable; a corrupt record always raises.
+    once) or ``"run"`` (the duplicate runs too; its caller gets the stored result when the
+    first one's is there by then). ``on_storage_error="run"`` (the default) runs the action
+    unprotected when the store is unreachable, from the first call on; a corrupt record always
+    raises. ``metrics`` is told of hits, misses, collisions and errors. ``on_cancel`` (an
+    idemkit addition) is what a cancelled action leaves: ``"keep"`` its reservation until the
+    lease (``in_flight_lease_seconds``) ends, as a crash does; ``"release"`` the key at once.
     """
 
     def __init__(
         self,
-        repository: _Repository,
+        repository: AsyncIdempotencyRepository,
         domain_service: IdempotencyDomainService | None = None,
         operation_ttls: dict[str, int] | None = None,
-        metrics: Any = None,
+        metrics: IdempotencyMetricsProtocol | None = None,
         enabled: bool = True,
-        in_flight: InFlightMode = "wait",
+        in_flight: InFlightMode = DEFAULT_IN_FLIGHT_MODE,
         in_flight_lease_seconds: int = DEFAULT_IN_FLIGHT_LEASE_SECONDS,
-        on_storage_error: StorageErrorMode = "run",
+        on_storage_error: StorageErrorMode = DEFAULT_ON_STORAGE_ERROR,
+        *,
+        on_cancel: Literal["keep", "release"] = "keep",
     ) -> None:
         if in_flight not in ("wait", "raise", "run"):
             raise InvalidKey(f"in_flight must be one of ('wait', 'raise', 'run'), got {in_flight!r}")
@@ -296,14 +477,21 @@ class AsyncIdempotencyCoordinator:
             raise InvalidKey(f"in_flight_lease_seconds must be >= 1, got {in_flight_lease_seconds}")
         if on_storage_error not in ("run", "raise"):
             raise InvalidKey(f"on_storage_error must be one of ('run', 'raise'), got {on_storage_error!r}")
+        if not isinstance(repository, AsyncIdempotencyRepository):
+            raise TypeError(
+                f"{type(repository).__name__} is not an idemkit repository: idemkit's coordinator keeps its "
+                "records through an idemkit store (RedisAsyncIdempotencyRepository, PostgresIdempotencyRepository, "
+                "MemoryIdempotencyRepository), not through a repository's get/save/replace"
+            )
         self._repo = repository
         self._svc = domain_service or IdempotencyDomainService()
         self._operation_ttls = operation_ttls or {}
-        self._metrics = metrics or NoOpIdempotencyMetrics()
+        self._metrics: IdempotencyMetricsProtocol = metrics or NoOpIdempotencyMetrics()
         self._enabled = enabled
-        self._in_flight = "reject" if in_flight == "raise" else in_flight
+        self._mode = in_flight
         self._lease = in_flight_lease_seconds
         self._fail_open = on_storage_error == "run"
+        self._on_cancel = on_cancel
         self._coordinator: Coordinator | None = None
 
     async def _get(self) -> Coordinator:
@@ -311,7 +499,11 @@ class AsyncIdempotencyCoordinator:
             store = await self._repo.store()
             if self._coordinator is None:
                 self._coordinator = Coordinator(
-                    store, lease=float(self._lease), wait_timeout=float(self._lease), fail_open=self._fail_open
+                    store,
+                    lease=float(self._lease),
+                    wait_timeout=float(self._lease),
+                    fail_open=self._fail_open,
+                    on_cancel=self._on_cancel,
                 )
         return self._coordinator
 
@@ -320,7 +512,7 @@ class AsyncIdempotencyCoordinator:
         operation: str,
         idempotency_key: str | None,
         ttl_seconds: int | None,
-        adapter: ResultAdapter,
+        adapter: ResultAdapter[T],
         action: Callable[..., Awaitable[T]],
         /,
         *args: Any,
@@ -332,25 +524,141 @@ class AsyncIdempotencyCoordinator:
         A ``None`` key, or ``enabled=False``, runs the action plainly. An invalid operation or
         key raises ``IdempotencyValidationError`` before anything runs: never an unprotected
         run. The TTL is ``operation_ttls[operation]``, else ``ttl_seconds``, else the domain
-        service's default, in exact seconds.
+        service's default: exact seconds, a minute at least; one outside the domain service's
+        bounds runs the action uncached. ``idempotency_fingerprint`` is stored with the
+        record; a later call with another one raises ``IdempotencyKeyReuseError``, and a call
+        without one (or a record without one) is not compared.
         """
         if not self._enabled or idempotency_key is None:
             return await action(*args, **kwargs)
-        ttl = self._svc.ttl_for(self._operation_ttls.get(operation) or ttl_seconds)
-        coordinator = await self._get()
+        _native.validate(operation, idempotency_key)
+        ttl, storable = self._svc.ttl_of(self._operation_ttls.get(operation) or ttl_seconds)
+        try:
+            coordinator = await self._get()
+        except StoreUnavailable as e:
+            self._metrics.record_error(operation, "storage_reserve_error")
+            if not self._fail_open:
+                e.operation, e.key = operation, idempotency_key
+                raise
+            logger.warning(
+                "Idempotency store unreachable; running the operation without idempotency",
+                extra={"operation": operation, "idempotency_key": idempotency_key, "error": str(e)},
+            )
+            return await action(*args, **kwargs)
+        if not storable:
+            self._metrics.record_error(operation, "record_validation_error")
+            logger.error(
+                "Idempotency record rejected; this operation will not be cached",
+                extra={"operation": operation, "idempotency_key": idempotency_key, "ttl_seconds": ttl},
+            )
+        outcome = _Outcome()
+        fingerprint = idempotency_fingerprint
+
+        async def run(attempt: Any, *_: Any) -> Any:
+            value = await action(*args, **kwargs)
+            outcome.ran, outcome.value, outcome.protected = True, value, attempt.is_protected
+            if not storable:
+                raise _Uncached
+            try:
+                outcome.encoded = _encode(adapter, value, fingerprint)
+            except Exception as e:  # noqa: BLE001 - any adapter failure: the result is not storable
+                self._metrics.record_error(operation, "record_validation_error")
+                logger.exception(
+                    "Idempotency record rejected; the key stays completed without a result",
+                    extra={"operation": operation, "idempotency_key": idempotency_key},
+                )
+                return _Unencodable(e)
+            return outcome.encoded
+
         call = coordinator.call(
             operation,
             idempotency_key,
-            ttl=ttl,
-            in_flight=self._in_flight,  # type: ignore[arg-type]
-            fingerprint=idempotency_fingerprint,
-            codec=_AdapterCodec(adapter),
+            ttl=ttl if storable else float(self._lease),
+            in_flight="reject" if self._mode == "raise" else self._mode,
+            codec=_BYTES,
         )
-        return await call.run(_without_attempt, action, args, kwargs)
+        try:
+            replayed = await call.run(run)
+        except _Uncached:
+            self._metrics.record_miss(operation)
+            return outcome.value  # type: ignore[no-any-return]
+        except InProgress:
+            self._metrics.record_collision(operation)
+            raise
+        except StoreError:
+            self._metrics.record_error(operation, "storage_error")
+            raise
+        if outcome.ran:
+            if not outcome.protected and self._mode == "run":
+                self._metrics.record_collision(operation)
+                return await self._stored_winner(coordinator, call.ttl, operation, idempotency_key, adapter, outcome, fingerprint)
+            self._metrics.record_miss(operation)
+            return outcome.value  # type: ignore[no-any-return]
+        self._metrics.record_hit(operation)
+        return self._decode(adapter, replayed, fingerprint, operation, idempotency_key)
+
+    async def _stored_winner(
+        self,
+        coordinator: Coordinator,
+        ttl: float,
+        operation: str,
+        key: str,
+        adapter: ResultAdapter[T],
+        outcome: _Outcome,
+        fingerprint: str | None,
+    ) -> T:
+        """``in_flight="run"``: the duplicate ran beside a live owner; its caller gets the
+        owner's stored result if it is there by now (as idempotency-kit's ``SET NX`` loser
+        does), stores its own if the key is free, and keeps its own otherwise."""
+        mine: Any = outcome.value
+        if outcome.encoded is None:
+            return mine  # type: ignore[no-any-return]
+        encoded = outcome.encoded
+        stored_ours = False
+
+        async def ours(_attempt: Any) -> bytes:
+            nonlocal stored_ours
+            stored_ours = True
+            return encoded
+
+        try:
+            replayed = await coordinator.call(operation, key, ttl=ttl, in_flight="reject", codec=_BYTES).run(ours)
+            if stored_ours:
+                return mine  # type: ignore[no-any-return]
+            return self._decode(adapter, replayed, fingerprint, operation, key)
+        except IdemkitError as e:
+            logger.info(
+                "Idempotency key still in flight or unreadable after an unprotected run; keeping our own result",
+                extra={"operation": operation, "idempotency_key": key, "error": type(e).__name__},
+            )
+            return mine  # type: ignore[no-any-return]
+
+    def _decode(self, adapter: ResultAdapter[T], data: bytes, fingerprint: str | None, operation: str, key: str) -> T:
+        body = data
+        if data.startswith(_FP_MARK):
+            head, _, body = data[len(_FP_MARK) :].partition(b"\n")
+            stored = json.loads(head)
+            if fingerprint is not None and stored != fingerprint:
+                self._metrics.record_error(operation, "key_reuse")
+                logger.warning(
+                    "Idempotency key reused for a different request",
+                    extra={"operation": operation, "idempotency_key": key},
+                )
+                raise KeyReused(operation, key, stored, fingerprint)
+        try:
+            return adapter.decode(json.loads(body))
+        except Exception as e:
+            self._metrics.record_error(operation, "decode_error")
+            error = DecodeError(f"the stored result of {operation} {key!r} is not {type(adapter).__name__}'s: {e}")
+            error.operation, error.key = operation, key
+            raise error from e
 
 
-async def _without_attempt(_attempt: Any, action: Callable[..., Awaitable[T]], args: Any, kwargs: Any) -> T:
-    return await action(*args, **kwargs)
+def _encode(adapter: ResultAdapter[Any], value: Any, fingerprint: str | None) -> bytes:
+    body = json.dumps(adapter.encode(value), separators=(",", ":"), ensure_ascii=False, default=_jsonable).encode()
+    if fingerprint is None:
+        return body
+    return _FP_MARK + json.dumps(fingerprint).encode() + b"\n" + body
 
 
 # -- the decorator -------------------------------------------------------------------------
@@ -360,7 +668,7 @@ _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_O
 
 def async_idempotent(
     operation: str,
-    adapter: ResultAdapter,
+    adapter: ResultAdapter[T],
     ttl_seconds: int | None = None,
     key_param: str = "idempotency_key",
     infra_param: str | None = None,
@@ -402,7 +710,7 @@ def async_idempotent(
             if coordinator is None:
                 logger.warning(
                     "No idempotency coordinator found; running the operation without idempotency",
-                    extra={"operation": operation, "idempotency_key": key},
+                    extra={"operation": operation, "idempotency_key": key, "infra_param": infra_param},
                 )
                 return await func(*args, **kwargs)
             fingerprint = None
@@ -419,13 +727,15 @@ def async_idempotent(
     return decorator
 
 
-def _find_coordinator(args: tuple, kwargs: dict, infra_param: str | None) -> AsyncIdempotencyCoordinator | None:
+def _find_coordinator(
+    args: tuple[Any, ...], kwargs: dict[str, Any], infra_param: str | None
+) -> AsyncIdempotencyCoordinator | None:
     if infra_param:
         named = kwargs.get(infra_param)
         if named is None and args:
             named = getattr(args[0], infra_param, None)
         if named is not None:
-            return named
+            return named  # type: ignore[no-any-return]
     for value in kwargs.values():
         if isinstance(value, AsyncIdempotencyCoordinator):
             return value
@@ -455,10 +765,3 @@ __all__ = [
     "async_idempotent",
     "fingerprint_of",
 ]
-
-# idempotency-kit's exception names.
-IdempotencyError = IdemkitError
-IdempotencyValidationError = InvalidKey
-IdempotencyInvalidTTLError = InvalidTTL
-IdempotencyStorageError = StoreError
-_ = ConfigError

@@ -22,6 +22,7 @@ import re
 from typing import Any
 
 from . import _native
+from ._coordinator import _reply
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
@@ -53,7 +54,7 @@ class Inbox:
 
     async def migrate(self, url: str) -> None:
         """Creates the table if it is missing (idempotent; concurrent callers queue on a lock)."""
-        await _native.migrate_inbox(url, self.schema, self.table)
+        await _reply(_native.migrate_inbox, url, self.schema, self.table)
 
     async def claim(self, conn: Any, consumer: str, message_id: str) -> bool:
         """Claims ``message_id`` for ``consumer`` in ``conn``'s open transaction: ``True`` the

@@ -1,0 +1,5 @@
+"""idempotency-kit's record models (they need pydantic)."""
+
+from .entities import IdempotencyIdentifiers, IdempotencyRecord
+
+__all__ = ["IdempotencyIdentifiers", "IdempotencyRecord"]

@@ -1,0 +1,1 @@
+"""idempotency-kit's protocols."""
