@@ -13,6 +13,8 @@ import asyncio
 import os
 import sys
 import uuid
+from collections.abc import Awaitable, Callable
+from typing import Literal
 
 from redis.asyncio import Redis
 
@@ -21,6 +23,9 @@ from idemkit.infra.storage.redis.aio.repository import RedisAsyncIdempotencyRepo
 
 REDIS_URL = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("IDEMKIT_REDIS_URL", "redis://127.0.0.1:6379")
 RUN = uuid.uuid4().hex[:8]
+
+Job = dict[str, str]
+InFlight = Literal["wait", "raise", "run"]
 
 
 class Mailer:
@@ -42,11 +47,11 @@ class Crash(Exception):
 class Queue:
     """At least once: a job stays deliverable until it is acked."""
 
-    def __init__(self, jobs: list[dict]) -> None:
+    def __init__(self, jobs: list[Job]) -> None:
         self.pending = list(jobs)
         self.deliveries = 0
 
-    async def drain(self, handle, crash_first: bool = False) -> None:
+    async def drain(self, handle: Callable[[Job], Awaitable[None]], crash_first: bool = False) -> None:
         crashed = False
         while self.pending:
             job = self.pending[0]
@@ -61,7 +66,7 @@ class Queue:
             self.pending.pop(0)  # ack
 
 
-def coordinator_on(redis: Redis, in_flight: str = "wait") -> "ik.AsyncIdempotencyCoordinator":
+def coordinator_on(redis: Redis, in_flight: InFlight = "wait") -> "ik.AsyncIdempotencyCoordinator":
     repository = RedisAsyncIdempotencyRepository(redis, key_prefix=f"seed-{RUN}-{uuid.uuid4().hex[:6]}:")
     return ik.AsyncIdempotencyCoordinator(repository, ik.IdempotencyDomainService(), in_flight=in_flight)
 
@@ -73,7 +78,7 @@ async def crash_before_ack(redis: Redis) -> None:
     mailer = Mailer()
     queue = Queue([job])
 
-    async def plain(job: dict) -> None:
+    async def plain(job: Job) -> None:
         await mailer.send_invoice(job["order_id"])
 
     await queue.drain(plain, crash_first=True)
@@ -83,7 +88,7 @@ async def crash_before_ack(redis: Redis) -> None:
     coordinator = coordinator_on(redis)
     adapter = ik.JsonResultAdapter()
 
-    async def handle(job: dict) -> None:
+    async def handle(job: Job) -> None:
         await coordinator.coordinate("mail.invoice", job["job_id"], 3600, adapter, mailer.send_invoice, job["order_id"])
 
     await queue.drain(handle, crash_first=True)
@@ -93,11 +98,12 @@ async def crash_before_ack(redis: Redis) -> None:
 async def two_workers(redis: Redis) -> None:
     print("\nExperiment 2: two workers, one job")
     job = {"job_id": "job-2", "order_id": "order-9"}
-    for mode in ("wait", "raise"):
+    modes: tuple[InFlight, ...] = ("wait", "raise")
+    for mode in modes:
         mailer = Mailer(delay=0.3)
         coordinator = coordinator_on(redis, in_flight=mode)
         adapter = ik.JsonResultAdapter()
-        results = {}
+        results: dict[str, str] = {}
 
         async def worker(name: str, start_after: float) -> None:
             await asyncio.sleep(start_after)  # B gets the job when A's visibility timeout ran out
@@ -116,7 +122,7 @@ async def two_workers(redis: Redis) -> None:
 async def what_the_key_is_made_of(redis: Redis) -> None:
     print("\nExperiment 3: what the key is made of")
     jobs = [{"job_id": "job-3", "order_id": "order-9"}, {"job_id": "job-4", "order_id": "order-9"}]
-    rows = [
+    rows: list[tuple[str, Callable[[Job], str], str | None]] = [
         ("key = job id: two jobs for order-9", lambda job: job["job_id"], "(the key must be the effect's identity, not the delivery's)"),
         ("key = 'order-9:invoice': the same two jobs", lambda job: f"{job['order_id']}:invoice", None),
         ("key = 'order-9.invoice': the same two jobs", lambda job: f"{job['order_id']}.invoice", ""),
@@ -127,7 +133,7 @@ async def what_the_key_is_made_of(redis: Redis) -> None:
         adapter = ik.JsonResultAdapter()
         unprotected = False
 
-        async def handle(job: dict) -> None:
+        async def handle(job: Job) -> None:
             nonlocal unprotected
             try:
                 await coordinator.coordinate("mail.invoice", key_of(job), 86400, adapter, mailer.send_invoice, job["order_id"])

@@ -257,6 +257,40 @@ async def test_the_redis_repository_takes_a_redis_py_client():
     await client.aclose()
 
 
+async def test_a_corrupt_record_raises_storage_error_even_when_failing_open():
+    # docs/python.md: a bad record can never switch protection off, in either mode.
+    redis = pytest.importorskip("redis.asyncio")
+    client = redis.from_url(REDIS_URL)
+    try:
+        await client.ping()
+    except Exception as e:  # noqa: BLE001
+        from conftest import _require
+
+        _require(f"redis at {REDIS_URL}", e)
+    prefix = unique("corrupt")
+    for mode in ("run", "raise"):
+        repo = ik.RedisAsyncIdempotencyRepository(client, key_prefix=f"{prefix}-{mode}:")
+        c, action = ik.AsyncIdempotencyCoordinator(repo, on_storage_error=mode), Counter()
+        await c.coordinate("op", "k", 60, ik.JsonResultAdapter(), action)
+        keys = [k async for k in client.scan_iter(match=f"{prefix}-{mode}:*")]
+        assert len(keys) == 1, keys
+        await client.set(keys[0], b"\x00 not a record", keepttl=True)
+        with pytest.raises(ik.IdempotencyStorageError):
+            await c.coordinate("op", "k", 60, ik.JsonResultAdapter(), action)
+        assert len(action.calls) == 1
+    await client.aclose()
+
+
+def test_a_repository_of_its_own_protocol_is_refused_at_once():
+    # docs/python.md: the repository is a store's address, not a protocol to implement.
+    class MyRepository:
+        async def get(self, operation: str, key: str) -> None:
+            return None
+
+    with pytest.raises(TypeError, match="not an idemkit repository"):
+        ik.AsyncIdempotencyCoordinator(MyRepository(), ik.IdempotencyDomainService())
+
+
 def test_the_import_paths_of_idempotency_kit_exist():
     from idemkit.infra.storage.redis.aio.repository import RedisAsyncIdempotencyRepository
 

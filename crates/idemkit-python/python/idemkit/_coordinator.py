@@ -183,7 +183,7 @@ class Call(Generic[T]):
         operation: str,
         key: str,
         ttl: float,
-        in_flight: str,
+        in_flight: InFlightMode,
         fingerprint: str | bytes | None,
         scope: str | None,
         codec: Codec[T],

@@ -12,15 +12,16 @@ from typing import Any
 class IdemkitError(Exception):
     """Every error of idemkit. Nothing ran when one is raised, unless its class says so."""
 
-    #: The call's operation and key, when the error belongs to a call.
+    #: The call's operation and key, when the error belongs to a call (``KeyCollision``'s key:
+    #: idempotency-kit's list of keys).
     operation: str | None = None
-    key: str | None = None
+    key: str | list[str] | None = None
 
 
 class InvalidKey(IdemkitError, ValueError):
     """An operation, key, scope or fingerprint failed validation; nothing ran."""
 
-    def __init__(self, message: str, errors: list | None = None) -> None:
+    def __init__(self, message: str, errors: list[Any] | None = None) -> None:
         super().__init__(message)
         self.errors = errors or []
 

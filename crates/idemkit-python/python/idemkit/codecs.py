@@ -63,10 +63,12 @@ class PydanticCodec(Generic[T]):
     def encode(self, value: T) -> bytes:
         if not isinstance(value, self.model):
             raise TypeError(f"PydanticCodec({self.model.__name__}) encodes {self.model.__name__}, got {type(value).__name__}")
-        return value.model_dump_json().encode()  # type: ignore[attr-defined]
+        json: str = value.model_dump_json()  # type: ignore[attr-defined]
+        return json.encode()
 
     def decode(self, data: bytes) -> T:
-        return self.model.model_validate_json(data)  # type: ignore[attr-defined]
+        value: T = self.model.model_validate_json(data)  # type: ignore[attr-defined]
+        return value
 
     def __repr__(self) -> str:
         return f"PydanticCodec({self.model.__name__})"
