@@ -313,9 +313,10 @@ async def _reply(start: Callable[..., None], *args: Any) -> Any:
 
 
 async def _settled(waiting: asyncio.Future[Any]) -> Any:
-    """Waits for a completion or a release that goes on without us if we are cancelled (the
-    result of an action that returned is stored whatever happens to its caller)."""
-    return await asyncio.shield(waiting)
+    """Waits for a completion or a release. Either goes on in the runtime without us if we
+    are cancelled (the result of an action that returned is stored whatever happens to its
+    caller): the future is only how the reply reaches us, so nothing needs shielding."""
+    return await waiting
 
 
 class _Bridge:

@@ -20,13 +20,17 @@ class Codec(Protocol[T]):
     def decode(self, data: bytes) -> T: ...
 
 
+# One encoder for every call: `json.dumps` with options builds a new one each time.
+_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 class JsonCodec:
     """JSON values (dict, list, str, int, float, bool, None), compact UTF-8, as serde_json writes them."""
 
     __slots__ = ()
 
     def encode(self, value: Any) -> bytes:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+        return _JSON.encode(value).encode()
 
     def decode(self, data: bytes) -> Any:
         return json.loads(data)
