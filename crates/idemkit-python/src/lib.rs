@@ -708,21 +708,24 @@ struct Pending {
 impl Pending {
     /// The caller stopped waiting (cancelled, or its coroutine closed) before its first
     /// reply: a call still beginning is dropped where it is; one that reached its action has
-    /// sent its `Begun` already, which the loop releases (`Begun.fail`) on finding nobody
-    /// waiting for it.
-    fn abort(&self) {
+    /// sent its `Begun` already (or is sending it), which the caller's bridge releases
+    /// (`Begun.fail`) on finding nobody waiting for it. `False` in that second case: a
+    /// blocking caller, whose bridge nobody else drains, then takes the `Begun` to release it.
+    fn abort(&self) -> bool {
         let task = &self.task;
-        if task
+        match task
             .phase
             .compare_exchange(BEGINNING, ABORTED, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
         {
-            return;
+            Ok(_) => {}
+            Err(ABORTED) => return true,
+            Err(_) => return false,
         }
         if let Some(call) = self.call.lock().expect("not poisoned").take() {
             task.aborted.store(true, Ordering::Release);
             call.abort();
         }
+        true
     }
 
     /// The call reached its action: the [`Begun`] owns it from now on.

@@ -35,6 +35,7 @@ from ._errors import (
     StoreError,
     StoreUnavailable,
 )
+from ._decorator import idempotent
 from .inbox import Inbox
 from .codecs import BYTES, JSON, BytesCodec, Codec, JsonCodec, PydanticCodec
 from .compat import (
@@ -117,6 +118,7 @@ __all__ = [
     "VoidResultAdapter",
     "async_idempotent",
     "fingerprint_of",
+    "idempotent",
 ]
 
 # idempotency-kit's record models are pydantic models: loaded on first use, so that idemkit

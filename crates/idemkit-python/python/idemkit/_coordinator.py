@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import select
+import threading
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, Literal, TypeVar
@@ -66,6 +69,16 @@ class RedisStore(Store):
         """Connects to a Redis Cluster through any of ``urls``."""
         return cls(await _reply(_native.redis_cluster_store, list(urls), prefix))
 
+    @classmethod
+    def connect_sync(cls, url: str = "redis://127.0.0.1:6379", *, prefix: str | None = None) -> RedisStore:
+        """``connect`` for code outside an event loop: blocks this thread (not the GIL)."""
+        return cls(_reply_sync(_native.redis_store, url, prefix))
+
+    @classmethod
+    def connect_cluster_sync(cls, urls: Sequence[str], *, prefix: str | None = None) -> RedisStore:
+        """``connect_cluster`` for code outside an event loop."""
+        return cls(_reply_sync(_native.redis_cluster_store, list(urls), prefix))
+
 
 class PostgresStore(Store):
     """PostgreSQL: one table (default ``idemkit_records``), migrated on connect."""
@@ -76,6 +89,11 @@ class PostgresStore(Store):
     async def connect(cls, url: str, *, table: str | None = None) -> PostgresStore:
         """Connects and migrates the table; raises ``StoreUnavailable`` if it cannot connect."""
         return cls(await _reply(_native.postgres_store, url, table))
+
+    @classmethod
+    def connect_sync(cls, url: str, *, table: str | None = None) -> PostgresStore:
+        """``connect`` for code outside an event loop: blocks this thread (not the GIL)."""
+        return cls(_reply_sync(_native.postgres_store, url, table))
 
 
 class Coordinator:
@@ -123,7 +141,7 @@ class Coordinator:
     def _abandon(self, operation: str, key: str, scope: str | None, lease_left: float | None) -> None:
         if lease_left is None:
             return
-        now = asyncio.get_running_loop().time()
+        now = time.monotonic()
         if len(self._abandoned) > 1024:
             self._abandoned = {k: end for k, end in self._abandoned.items() if end > now}
         self._abandoned[(operation, key, scope)] = now + lease_left
@@ -132,7 +150,7 @@ class Coordinator:
         end = self._abandoned.get((operation, key, scope))
         if end is None:
             return
-        left = end - asyncio.get_running_loop().time()
+        left = end - time.monotonic()
         if left <= 0:
             del self._abandoned[(operation, key, scope)]
             return
@@ -199,23 +217,13 @@ class Call(Generic[T]):
         self.codec = codec
         self.on_cancel = on_cancel
 
-    async def run(self, action: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
-        """Runs ``action(attempt, *args, **kwargs)`` at most once for the key, or replays its value.
-
-        An ``Exception`` from the action releases the key (a retry runs it again) and is
-        raised as it is. An action that does not finish (its task cancelled,
-        ``KeyboardInterrupt`` or ``SystemExit`` raised in it, its coroutine closed, its event
-        loop closed) leaves what ``on_cancel`` says: by default the reservation until its
-        lease ends, as a crash does. Raises ``InProgress``, ``KeyReused``,
-        ``StoreUnavailable`` ... (see ``idemkit.IdemkitError``), each meaning nothing ran.
-        """
+    def _begin(self, bridge: _Bridge | _SyncBridge, id: int) -> _native.Pending:
+        """Starts the call on the runtime; its first reply goes to ``bridge`` under ``id``."""
         coordinator = self._coordinator
         if coordinator._abandoned:
             coordinator._check_abandoned(self.operation, self.key, self.scope)
-        bridge = _bridge()
-        id, waiting = bridge.future()
         try:
-            pending = coordinator._native.begin(
+            return coordinator._native.begin(
                 bridge.native,
                 id,
                 self.operation,
@@ -229,6 +237,29 @@ class Call(Generic[T]):
         except BaseException:
             bridge.forget(id)
             raise
+
+    def _replayed(self, stored: bytes) -> T:
+        try:
+            return self.codec.decode(stored)
+        except Exception as e:
+            error = DecodeError(f"the stored result of {self.operation} {self.key!r} is not {self.codec!r}: {e}")
+            error.operation, error.key = self.operation, self.key
+            raise error from e
+
+    async def run(self, action: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
+        """Runs ``action(attempt, *args, **kwargs)`` at most once for the key, or replays its value.
+
+        An ``Exception`` from the action releases the key (a retry runs it again) and is
+        raised as it is. An action that does not finish (its task cancelled,
+        ``KeyboardInterrupt`` or ``SystemExit`` raised in it, its coroutine closed, its event
+        loop closed) leaves what ``on_cancel`` says: by default the reservation until its
+        lease ends, as a crash does. Raises ``InProgress``, ``KeyReused``,
+        ``StoreUnavailable`` ... (see ``idemkit.IdemkitError``), each meaning nothing ran.
+        """
+        coordinator = self._coordinator
+        bridge = _bridge()
+        id, waiting = bridge.future()
+        pending = self._begin(bridge, id)
         try:
             begun = await waiting
         except IdemkitError as e:
@@ -242,12 +273,7 @@ class Call(Generic[T]):
             _release_unstarted(waiting)
             raise
         if type(begun) is bytes:
-            try:
-                return self.codec.decode(begun)
-            except Exception as e:
-                error = DecodeError(f"the stored result of {self.operation} {self.key!r} is not {self.codec!r}: {e}")
-                error.operation, error.key = self.operation, self.key
-                raise error from e
+            return self._replayed(begun)
         pending.hand_over(begun)
         try:
             value = await action(begun.attempt, *args, **kwargs)
@@ -281,6 +307,71 @@ class Call(Generic[T]):
         begun.complete(id, encoded)
         try:
             await _settled(waiting)
+        except IdemkitError as e:
+            e.operation, e.key = self.operation, self.key
+            raise
+        return value
+
+
+    def run_sync(self, action: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """``run`` for code outside an event loop (a Celery, RQ or Dramatiq task, a thread):
+        runs ``action(attempt, *args, **kwargs)``, a plain function, in this thread, at most
+        once for the key, or returns the stored value.
+
+        The same semantics as ``run`` (in-flight modes, fingerprints, scope, codec, typed
+        errors; the lease renewed while the function runs). While the store is awaited this
+        thread waits with the GIL released, so other threads run. ``KeyboardInterrupt`` or
+        ``SystemExit`` raised in the function leave what ``on_cancel`` says, as a cancelled
+        ``run`` does; one raised while the call waits takes no key. Called from a running
+        event loop it raises ``RuntimeError`` (it would block the loop: ``await run``).
+        """
+        if asyncio._get_running_loop() is not None:
+            raise RuntimeError("run_sync blocks its thread: in a running event loop, use `await call.run(...)`")
+        coordinator = self._coordinator
+        bridge = _sync_bridge()
+        pending = self._begin(bridge, id := bridge.new_id())
+        try:
+            begun = bridge.wait(id)
+        except IdemkitError as e:
+            e.operation, e.key = self.operation, self.key
+            raise
+        except BaseException:
+            # Interrupted before the action: the call stops where it is. One that reached its
+            # action already is sending its Begun: taken here and released (nothing ran).
+            if not pending.abort():
+                bridge.release(id)
+            bridge.forget(id)
+            raise
+        if type(begun) is bytes:
+            return self._replayed(begun)
+        pending.hand_over(begun)
+        try:
+            value = action(begun.attempt, *args, **kwargs)
+        except Exception:
+            id = bridge.new_id()
+            begun.fail(id)
+            bridge.wait(id)
+            raise
+        except BaseException:
+            # KeyboardInterrupt, SystemExit, a gevent kill: the effect may be half done.
+            if (self.on_cancel or coordinator.on_cancel) == "release":
+                id = bridge.new_id()
+                begun.fail(id)
+                bridge.wait(id)
+            else:
+                coordinator._abandon(self.operation, self.key, self.scope, begun.attempt.lease_left())
+                begun.cancel()
+            raise
+        id = bridge.new_id()
+        try:
+            encoded = self.codec.encode(value)
+        except Exception as e:
+            begun.unencodable(id, f"{self.codec!r} could not encode the result: {e}")
+            bridge.wait(id)
+            return value
+        begun.complete(id, encoded)
+        try:
+            bridge.wait(id)
         except IdemkitError as e:
             e.operation, e.key = self.operation, self.key
             raise
@@ -360,6 +451,82 @@ class _Bridge:
                 waiting.set_exception(value)
 
 
+class _SyncBridge:
+    """One per thread, for the blocking calls: the thread waits for its own replies on the
+    bridge's socket with ``select`` (the GIL released, signals handled), then drains them.
+
+    Calls of one thread are sequential, but may nest (an action that makes a call of its
+    own), so a reply for another call of the thread is kept until that call asks for it.
+    """
+
+    __slots__ = ("native", "next_id", "waiting", "arrived", "__weakref__")
+
+    def __init__(self) -> None:
+        self.native = _native.Bridge(None)
+        self.next_id = 0
+        self.waiting: set[int] = set()
+        self.arrived: dict[int, tuple[bool, Any]] = {}
+
+    def new_id(self) -> int:
+        self.next_id += 1
+        self.waiting.add(self.next_id)
+        return self.next_id
+
+    def wait(self, id: int) -> Any:
+        fd = self.native.fileno()
+        while id not in self.arrived:
+            select.select([fd], [], [])
+            for rid, ok, value in self.native.drain():
+                if rid in self.waiting:
+                    self.arrived[rid] = (ok, value)
+                elif ok and type(value) is _native.Begun:
+                    value.fail(0)  # its caller was interrupted: nothing ran
+        self.waiting.discard(id)
+        ok, value = self.arrived.pop(id)
+        if ok:
+            return value
+        raise value
+
+    def release(self, id: int) -> None:
+        """Takes the ``Begun`` on its way to an interrupted caller and releases it."""
+        try:
+            value = self.wait(id)
+        except Exception:
+            return
+        if type(value) is _native.Begun:
+            value.fail(0)
+
+    def forget(self, id: int) -> None:
+        self.waiting.discard(id)
+        ok, value = self.arrived.pop(id, (False, None))
+        if ok and type(value) is _native.Begun:
+            value.fail(0)
+
+
+_threads = threading.local()
+
+
+def _sync_bridge() -> _SyncBridge:
+    bridge: _SyncBridge | None = getattr(_threads, "bridge", None)
+    if bridge is None:
+        bridge = _threads.bridge = _SyncBridge()
+    return bridge
+
+
+def _reply_sync(start: Callable[..., None], *args: Any) -> Any:
+    """``_reply`` for a blocking caller."""
+    if asyncio._get_running_loop() is not None:
+        raise RuntimeError("a *_sync method blocks its thread: in a running event loop, await the async one")
+    bridge = _sync_bridge()
+    id = bridge.new_id()
+    try:
+        start(bridge.native, id, *args)
+        return bridge.wait(id)
+    except BaseException:
+        bridge.forget(id)
+        raise
+
+
 _bridges: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Bridge] = weakref.WeakKeyDictionary()
 
 
@@ -372,9 +539,12 @@ def _bridge() -> _Bridge:
 
 
 def _after_fork_in_child() -> None:
-    # The parent's loops (and their bridges) are not this process's; the native runtime is
-    # started again on first use (it is the process's, by pid).
+    # The parent's loops and threads (and their bridges: a socket shared with the parent) are
+    # not this process's; the native runtime is started again on first use (it is the
+    # process's, by pid).
+    global _threads
     _bridges.clear()
+    _threads = threading.local()
 
 
 if hasattr(os, "register_at_fork"):

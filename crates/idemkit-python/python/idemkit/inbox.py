@@ -1,4 +1,4 @@
-"""The transactional inbox, in your own PostgreSQL transaction (asyncpg or psycopg 3).
+"""The transactional inbox, in your own PostgreSQL transaction (asyncpg or psycopg 3, async or not).
 
 The inbox row is written by the connection that writes the database effect, inside its
 transaction: both commit, or neither does, and a redelivered message finds its row and skips
@@ -22,7 +22,7 @@ import re
 from typing import Any
 
 from . import _native
-from ._coordinator import _reply
+from ._coordinator import _reply, _reply_sync
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
@@ -30,7 +30,7 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 class Inbox:
     """The inbox table ``schema.table`` (default ``public.idemkit_inbox``), rows kept ``retention`` seconds."""
 
-    __slots__ = ("schema", "table", "retention", "_sql")
+    __slots__ = ("schema", "table", "retention", "_sql", "_psycopg_sql")
 
     def __init__(self, *, table: str = "idemkit_inbox", schema: str = "public", retention: float = 7 * 86400) -> None:
         for name in (schema, table):
@@ -51,6 +51,7 @@ class Inbox:
             "SET received_at = excluded.received_at, expires_at = excluded.expires_at "
             "WHERE i.expires_at <= excluded.received_at RETURNING true"
         )
+        self._psycopg_sql = re.sub(r"\$\d", "%s", self._sql)  # psycopg's placeholders
 
     async def migrate(self, url: str) -> None:
         """Creates the table if it is missing (idempotent; concurrent callers queue on a lock)."""
@@ -68,10 +69,20 @@ class Inbox:
         micros = int(self.retention * 1_000_000)
         if hasattr(conn, "fetchval"):  # asyncpg
             return bool(await conn.fetchval(self._sql, consumer, message_id, micros))
-        # psycopg 3: %s placeholders, a cursor from the connection or the cursor itself.
-        sql = re.sub(r"\$\d", "%s", self._sql)
-        cursor = await conn.execute(sql, (consumer, message_id, micros))
+        # psycopg 3: a cursor from the connection or the cursor itself.
+        cursor = await conn.execute(self._psycopg_sql, (consumer, message_id, micros))
         return (await cursor.fetchone()) is not None
+
+    def migrate_sync(self, url: str) -> None:
+        """``migrate`` for code outside an event loop."""
+        _reply_sync(_native.migrate_inbox, url, self.schema, self.table)
+
+    def claim_sync(self, conn: Any, consumer: str, message_id: str) -> bool:
+        """``claim`` in a psycopg 3 ``Connection``'s (or ``Cursor``'s) open transaction, for
+        code outside an event loop: ``True`` the first time, ``False`` for a duplicate."""
+        _native.validate(consumer, message_id)
+        cursor = conn.execute(self._psycopg_sql, (consumer, message_id, int(self.retention * 1_000_000)))
+        return cursor.fetchone() is not None
 
     def __repr__(self) -> str:
         return f"Inbox({self.schema}.{self.table}, retention={self.retention}s)"
