@@ -48,15 +48,9 @@ if "VISIBILITY_TIMEOUT" in os.environ:  # a Redis broker: how soon an unacked ta
 
 # One coordinator per worker process, made in that process: Celery's prefork pool forks its
 # workers, and a store connected before a fork stays the parent's.
-_made: tuple[int, idemkit.Coordinator] | None = None
-
-
-def coordinator() -> idemkit.Coordinator:
-    global _made
-    if _made is None or _made[0] != os.getpid():
-        store = idemkit.RedisStore.connect_sync(REDIS_URL, prefix=PREFIX)
-        _made = (os.getpid(), idemkit.Coordinator(store))
-    return _made[1]
+coordinator = idemkit.per_process(
+    lambda: idemkit.Coordinator(idemkit.RedisStore.connect_sync(REDIS_URL, prefix=PREFIX))
+)
 
 
 # The mail provider: a Redis list of the mails it sent (what a duplicate would repeat).

@@ -35,7 +35,7 @@ from ._errors import (
     StoreError,
     StoreUnavailable,
 )
-from ._decorator import idempotent
+from ._decorator import idempotent, per_process
 from .inbox import Inbox
 from .codecs import BYTES, JSON, BytesCodec, Codec, JsonCodec, PydanticCodec
 from .compat import (
@@ -119,6 +119,7 @@ __all__ = [
     "async_idempotent",
     "fingerprint_of",
     "idempotent",
+    "per_process",
 ]
 
 # idempotency-kit's record models are pydantic models: loaded on first use, so that idemkit

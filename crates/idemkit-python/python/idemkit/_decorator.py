@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
+import threading
 from collections.abc import Callable
 from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
@@ -79,4 +81,37 @@ def idempotent(
     return decorate
 
 
-__all__ = ["Attempt", "idempotent"]
+def per_process(factory: Callable[[], T]) -> Callable[[], T]:
+    """A function that returns this process's ``factory()``, made on its first call in the
+    process: after a ``fork()`` the child makes its own.
+
+    For workers that fork (Celery's prefork pool, RQ's work horse, Dramatiq's processes): a
+    store connected before a fork stays the parent's, so each worker process connects its own::
+
+        coordinator = idemkit.per_process(lambda: idemkit.Coordinator(idemkit.RedisStore.connect_sync(URL)))
+
+        @idemkit.idempotent("mail.invoice", key=..., coordinator=coordinator)
+        def send_invoice(attempt, order_id): ...
+    """
+    made: list[tuple[int, T]] = []
+    lock = threading.Lock()
+
+    def current() -> T:
+        pid = os.getpid()
+        if made and made[0][0] == pid:
+            return made[0][1]
+        with lock:
+            if not made or made[0][0] != pid:
+                made[:] = [(pid, factory())]
+            return made[0][1]
+
+    def after_fork() -> None:
+        nonlocal lock
+        lock = threading.Lock()  # a thread of the parent may have held it at the fork
+
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=after_fork)
+    return current
+
+
+__all__ = ["Attempt", "idempotent", "per_process"]
