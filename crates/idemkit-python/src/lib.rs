@@ -172,7 +172,36 @@ fn store_error_to_py(py: Python<'_>, e: idemkit_core::StoreError) -> PyErr {
 /// alone: dropping it would wait for threads that do not exist here), and its tasks draw
 /// owner tokens from fresh per-thread generators.
 fn runtime() -> PyResult<&'static tokio::runtime::Runtime> {
-    static CURRENT: Mutex<Option<(u32, &'static tokio::runtime::Runtime)>> = Mutex::new(None);
+    Ok(process_runtime()?.0)
+}
+
+/// A call's task, handed to the runtime's dispatcher instead of spawned by the caller: the
+/// dispatcher spawns it from a worker thread, where a spawn is a push on the worker's own
+/// queue. A caller that spawned it would wake a parked worker (a futex call) for every call;
+/// the dispatcher's channel wakes it once for all the calls queued meanwhile, as the replies
+/// wake the event loop once per batch.
+struct Dispatch {
+    call: std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
+    /// Where the spawned task's handle goes; `None` left there, and `task.aborted` set, by a
+    /// caller that stopped waiting before the dispatcher got to it: then it is not spawned.
+    handle: Arc<Mutex<Option<JoinHandle<()>>>>,
+    task: Arc<TaskState>,
+}
+
+fn dispatch(job: Dispatch) -> PyResult<()> {
+    process_runtime()?
+        .1
+        .send(job)
+        .map_err(|_| PyRuntimeError::new_err("idemkit's runtime has stopped"))
+}
+
+type Runtime = (
+    &'static tokio::runtime::Runtime,
+    &'static tokio::sync::mpsc::UnboundedSender<Dispatch>,
+);
+
+fn process_runtime() -> PyResult<Runtime> {
+    static CURRENT: Mutex<Option<(u32, Runtime)>> = Mutex::new(None);
     let pid = std::process::id();
     // Only callers holding the GIL take this lock, so no thread holds it across a fork.
     let mut current = CURRENT.lock().unwrap_or_else(PoisonError::into_inner);
@@ -195,8 +224,18 @@ fn runtime() -> PyResult<&'static tokio::runtime::Runtime> {
             PyRuntimeError::new_err(format!("idemkit could not start its runtime: {e}"))
         })?;
     let rt: &'static tokio::runtime::Runtime = Box::leak(Box::new(rt));
-    *current = Some((pid, rt));
-    Ok(rt)
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Dispatch>();
+    rt.spawn(async move {
+        while let Some(job) = rx.recv().await {
+            let mut handle = job.handle.lock().expect("not poisoned");
+            if !job.task.aborted.load(Ordering::Acquire) {
+                *handle = Some(tokio::spawn(job.call));
+            }
+        }
+    });
+    let runtime = (rt, &*Box::leak(Box::new(tx)));
+    *current = Some((pid, runtime));
+    Ok(runtime)
 }
 
 /// How often a call whose action runs checks that its event loop can still hear its
@@ -326,7 +365,7 @@ impl Coordinator {
         let coordinator = self.inner.clone();
         let task = Arc::new(TaskState::new(bridge.wake.clone(), id));
         let shared = task.clone();
-        let call = runtime()?.spawn(async move {
+        let call = Box::pin(async move {
             let guard = Unreplied(shared);
             let task = &guard.0;
             let mut call = coordinator
@@ -394,10 +433,13 @@ impl Coordinator {
             };
             task.reply(reply);
         });
-        Ok(Pending {
-            call: Mutex::new(Some(call)),
-            task,
-        })
+        let handle = Arc::new(Mutex::new(None));
+        dispatch(Dispatch {
+            call,
+            handle: handle.clone(),
+            task: task.clone(),
+        })?;
+        Ok(Pending { call: handle, task })
     }
 }
 
@@ -488,7 +530,8 @@ impl Drop for Unreplied {
 #[pyclass(frozen, module = "idemkit._native")]
 #[derive(Debug)]
 struct Pending {
-    call: Mutex<Option<JoinHandle<()>>>,
+    /// The call's task, once the dispatcher has spawned it.
+    call: Arc<Mutex<Option<JoinHandle<()>>>>,
     task: Arc<TaskState>,
 }
 
@@ -509,8 +552,11 @@ impl Pending {
             Err(ABORTED) => return true,
             Err(_) => return false,
         }
-        if let Some(call) = self.call.lock().expect("not poisoned").take() {
-            task.aborted.store(true, Ordering::Release);
+        // Under the handle's lock, which the dispatcher holds while it spawns: a task not
+        // spawned yet never will be, one spawned is aborted.
+        let mut call = self.call.lock().expect("not poisoned");
+        task.aborted.store(true, Ordering::Release);
+        if let Some(call) = call.take() {
             call.abort();
         }
         true

@@ -135,7 +135,7 @@ class Coordinator:
         )
         self.on_cancel = on_cancel
         self.abandoned_waits = 0
-        # (operation, key, scope) -> the loop time its abandoned reservation's lease ends.
+        # (operation, key, scope) -> when (time.monotonic) its abandoned reservation's lease ends.
         self._abandoned: dict[tuple[str, str, str | None], float] = {}
 
     def _abandon(self, operation: str, key: str, scope: str | None, lease_left: float | None) -> None:
