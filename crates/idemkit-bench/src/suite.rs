@@ -300,7 +300,8 @@ pub(crate) async fn redis_batches(bench: &Bench, url: &str, ops: usize) -> Resul
 
 /// The Python rows, run by `python` (a virtual environment's interpreter that has
 /// idempotency-kit 0.5.0 and the idemkit wheel) on the same Redis: hit and miss at
-/// concurrency 1 and 64, for the peer and for the Python package.
+/// concurrency 1 and 64, for the peer and for the Python package (asyncio tasks, and its
+/// blocking API from threads).
 ///
 /// # Errors
 ///
@@ -322,6 +323,11 @@ pub(crate) async fn python_peer(
             PACKAGE_SCRIPT,
             "idemkit (Python) hit",
             "idemkit (Python) miss",
+        ),
+        (
+            SYNC_SCRIPT,
+            "idemkit (Python, run_sync in threads) hit",
+            "idemkit (Python, run_sync in threads) miss",
         ),
     ] {
         let prefix = format!("pyik-bench-{:x}:", fastrand::u64(..));
@@ -382,6 +388,10 @@ const PEER_SCRIPT: &str = concat!(
     "/python/idempotency_kit_peer.py"
 );
 const PACKAGE_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/python/idemkit_python_peer.py");
+const SYNC_SCRIPT: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/python/idemkit_python_sync_peer.py"
+);
 
 async fn python_run(
     python: &Path,
