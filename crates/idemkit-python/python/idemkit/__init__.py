@@ -37,6 +37,7 @@ from ._errors import (
 )
 from ._decorator import idempotent, per_process
 from .inbox import Inbox
+from .consumer import InboxHandler
 from .codecs import BYTES, JSON, BytesCodec, Codec, JsonCodec, PydanticCodec
 from .compat import (
     AsyncIdempotencyCoordinator,
@@ -94,6 +95,7 @@ __all__ = [
     "IdempotencyValidationError",
     "InProgress",
     "Inbox",
+    "InboxHandler",
     "InvalidKey",
     "InvalidTTL",
     "JsonCodec",
