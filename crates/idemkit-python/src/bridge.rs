@@ -4,7 +4,7 @@
 use super::*;
 
 /// A reply of the runtime to the event loop, made a Python value only there (the runtime's
-/// threads never take the GIL).
+/// threads do not take the GIL to reply).
 pub(crate) enum Reply {
     Replay(Vec<u8>),
     Unencodable(String),

@@ -20,9 +20,9 @@
 //!
 //! # Replies without the GIL
 //!
-//! The runtime's threads never take the GIL: a reply is queued as a Rust value and the event
-//! loop is woken through a socket it watches (`Bridge`: one byte per batch of replies), and
-//! Python objects are made on the loop's thread when it drains the queue. Connecting a store
+//! The runtime's threads do not take the GIL to reply: a reply is queued as a Rust value and
+//! the event loop is woken through a socket it watches (`Bridge`: one byte per batch of
+//! replies), and Python objects are made on the loop's thread when it drains the queue. Connecting a store
 //! replies the same way: nothing here depends on another crate's runtime or event-loop glue.
 //!
 //! # No caller waits for ever

@@ -413,7 +413,7 @@ async def _settled(waiting: asyncio.Future[Any]) -> Any:
 class _Bridge:
     """One per event loop: the futures of this loop's calls, settled when the runtime replies.
 
-    The runtime's threads never take the GIL: they queue their replies and wake the loop
+    The runtime's threads do not take the GIL to reply: they queue their replies and wake the loop
     through a socket it watches (one wake-up for however many replies are queued).
     """
 
