@@ -88,3 +88,30 @@ async def test_a_cluster_runs_each_key_once_and_wakes_its_waiters(cluster):
     replays = await asyncio.gather(*(coordinator.call("mail.invoice", k).run(mailer.send_invoice, 99) for k in keys))
     assert replays == results[::3]
     assert len(mailer.sent) == 12
+
+
+def test_the_blocking_api_on_a_cluster(cluster):
+    # connect_cluster_sync and run_sync from threads: keys on every master, one effect each.
+    import threading
+
+    coordinator = idemkit.Coordinator(idemkit.RedisStore.connect_cluster_sync(cluster, prefix=unique("pytest-sync")))
+    sent: list[int] = []
+
+    def send(attempt: idemkit.Attempt, i: int) -> str:
+        sent.append(i)
+        time.sleep(0.1)
+        return f"em_{i}"
+
+    keys = [unique(f"order-{i}.invoice") for i in range(6)]
+    results: dict[int, list[str]] = {i: [] for i in range(6)}
+
+    def worker(i: int) -> None:
+        results[i].append(coordinator.call("mail.invoice", keys[i]).run_sync(send, i))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(6) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(sent) == list(range(6))
+    assert all(results[i] == [f"em_{i}"] * 2 for i in range(6))
