@@ -240,7 +240,8 @@ async def test_decorator_fingerprints_the_named_parameters():
             return None
 
 
-async def test_the_redis_repository_takes_a_redis_py_client():
+async def redis_client():
+    """A redis-py asyncio client of the machine's Redis (required under CI)."""
     redis = pytest.importorskip("redis.asyncio")
     client = redis.from_url(REDIS_URL)
     try:
@@ -249,6 +250,11 @@ async def test_the_redis_repository_takes_a_redis_py_client():
         from conftest import _require
 
         _require(f"redis at {REDIS_URL}", e)
+    return client
+
+
+async def test_the_redis_repository_takes_a_redis_py_client():
+    client = await redis_client()
     repo = ik.RedisAsyncIdempotencyRepository(client, key_prefix=unique("compat") + ":")
     c, action = ik.AsyncIdempotencyCoordinator(repo, ik.IdempotencyDomainService()), Counter()
     assert await c.coordinate("op", "k", 60, ik.JsonResultAdapter(), action) == {"n": 1}
@@ -259,14 +265,7 @@ async def test_the_redis_repository_takes_a_redis_py_client():
 
 async def test_a_corrupt_record_raises_storage_error_even_when_failing_open():
     # docs/python.md: a bad record can never switch protection off, in either mode.
-    redis = pytest.importorskip("redis.asyncio")
-    client = redis.from_url(REDIS_URL)
-    try:
-        await client.ping()
-    except Exception as e:  # noqa: BLE001
-        from conftest import _require
-
-        _require(f"redis at {REDIS_URL}", e)
+    client = await redis_client()
     prefix = unique("corrupt")
     for mode in ("run", "raise"):
         repo = ik.RedisAsyncIdempotencyRepository(client, key_prefix=f"{prefix}-{mode}:")

@@ -212,8 +212,8 @@ fn process_runtime() -> PyResult<Runtime> {
     }
     // One core is the event loop's (the GIL lets one Python thread run at a time): the
     // runtime's workers take the others, up to four (a call is mostly waiting on the store).
-    // On two cores, two workers cost a third more CPU per miss than one (futex wake-ups
-    // between them and the loop), for no more throughput.
+    // On two cores, a second worker costs CPU in futex wake-ups between the workers and the
+    // loop for no more throughput (docs/python.md has the figures).
     let cores = std::thread::available_parallelism().map_or(2, usize::from);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cores.saturating_sub(1).clamp(1, 4))
