@@ -64,6 +64,68 @@ pub(crate) async fn run(redis_url: &str, requests: usize, rounds: usize) -> Resu
     .build()
     .map_err(|e| e.to_string())?;
     let layered = serve(Router::new().route("/payments", handler).layer(layer)).await?;
+    drive(&plain, &layered, requests, rounds, &format!(
+        "HTTP: {requests} requests per case, {CONCURRENCY} in flight, axum + reqwest on loopback, store {redis_url}; median of {rounds} interleaved rounds"
+    ))
+    .await
+}
+
+/// The ASGI case: the same requests through a FastAPI app on uvicorn, without and with
+/// idemkit's Python middleware (keys on Redis), each served by its own process
+/// (`python/asgi_app.py` run by `python`, which has idemkit, FastAPI and uvicorn).
+pub(crate) async fn run_asgi(
+    python: &str,
+    redis_url: &str,
+    requests: usize,
+    rounds: usize,
+) -> Result<String, String> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/asgi_app.py");
+    let mut servers = Vec::new();
+    let mut urls = Vec::new();
+    for kind in ["plain", "protected"] {
+        let mut child = tokio::process::Command::new(python)
+            .args([script, kind, redis_url])
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("{python} {script}: {e}"))?;
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+        let port = lines
+            .next_line()
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("{script} {kind} printed no port"))?;
+        urls.push(format!("http://127.0.0.1:{}/payments", port.trim()));
+        servers.push(child);
+    }
+    // uvicorn prints nothing once ready: wait until each answers.
+    let client = reqwest::Client::new();
+    for url in &urls {
+        let mut tries = 0;
+        while client.post(url).body("{}").send().await.is_err() {
+            tries += 1;
+            if tries > 200 {
+                return Err(format!("{url} never answered"));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+    let report = drive(&urls[0], &urls[1], requests, rounds, &format!(
+        "ASGI: {requests} requests per case, {CONCURRENCY} in flight, FastAPI on uvicorn (one process each, Python) + reqwest on loopback, store {redis_url}; median of {rounds} interleaved rounds"
+    ))
+    .await;
+    drop(servers);
+    report
+}
+
+async fn drive(
+    plain: &str,
+    layered: &str,
+    requests: usize,
+    rounds: usize,
+    title: &str,
+) -> Result<String, String> {
     let client = reqwest::Client::new();
     let cases = [Case::NoLayer, Case::Miss, Case::Hit];
     let mut results: Vec<Vec<f64>> = cases.iter().map(|_| Vec::new()).collect();
@@ -72,13 +134,13 @@ pub(crate) async fn run(redis_url: &str, requests: usize, rounds: usize) -> Resu
         for (i, case) in cases.iter().enumerate() {
             eprintln!("http: round {}/{rounds}: {}", round + 1, case.name());
             let url = if *case == Case::NoLayer {
-                &plain
+                plain.to_owned()
             } else {
-                &layered
+                layered.to_owned()
             };
             let hit_key = format!("hit-{run_id:x}");
             if *case == Case::Hit {
-                send(&client, url, Some(&hit_key)).await?;
+                send(&client, &url, Some(&hit_key)).await?;
             }
             let next = Arc::new(AtomicUsize::new(0));
             let started = Instant::now();
@@ -116,10 +178,8 @@ pub(crate) async fn run(redis_url: &str, requests: usize, rounds: usize) -> Resu
             r[r.len() / 2]
         })
         .collect();
-    let mut out = format!(
-        "HTTP: {requests} requests per case, {CONCURRENCY} in flight, axum + reqwest on loopback, store {redis_url}; median of {rounds} interleaved rounds\n\n\
-         | case | requests/s | vs the app without the layer |\n|---|---|---|\n"
-    );
+    let mut out =
+        format!("{title}\n\n| case | requests/s | vs the app without the layer |\n|---|---|---|\n");
     for (case, m) in cases.iter().zip(&medians) {
         out.push_str(&format!(
             "| {} | {m:.0} | {:.2}× |\n",

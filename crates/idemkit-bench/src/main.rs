@@ -220,6 +220,21 @@ fn main() -> ExitCode {
             }
         }
     }
+    if let Some(python) = &args.asgi {
+        let python = python.to_string_lossy();
+        match runtime.block_on(http::run_asgi(
+            &python,
+            &args.store,
+            args.http_requests,
+            args.rounds,
+        )) {
+            Ok(report) => print!("\n{report}"),
+            Err(e) => {
+                eprintln!("idemkit-bench: ASGI: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     let mut consumers = publish::Consumers::default();
     if let Some(brokers) = &args.kafka {
         let messages = args.kafka_messages;

@@ -61,6 +61,11 @@ pub(crate) struct BenchArgs {
     /// Also measure the HTTP layer (an axum app with and without it, keys on `--store`).
     #[arg(long)]
     pub(crate) http: bool,
+    /// Also measure idemkit's Python ASGI middleware (a FastAPI app on uvicorn with and
+    /// without it, keys on `--store`), with this Python interpreter (it has idemkit,
+    /// FastAPI and uvicorn: `target/python/env/bin/python` after `scripts/python test`).
+    #[arg(long)]
+    pub(crate) asgi: Option<std::path::PathBuf>,
     /// Requests per HTTP case.
     #[arg(long, default_value_t = 20_000)]
     pub(crate) http_requests: usize,

@@ -295,6 +295,19 @@ const PER_CALLER: [&str; 7] = [
     "proxy-authentication-info",
 ];
 
+/// Whether a response header belongs to the caller that got it (`Set-Cookie`,
+/// `Authorization`, ...): such a header is never stored, so a replay never hands one
+/// caller's session to another ([`IdempotencyLayerBuilder::keep_headers`] refuses it).
+///
+/// ```
+/// use idemkit_http::{http::header, is_per_caller};
+/// assert!(is_per_caller(&header::SET_COOKIE));
+/// assert!(!is_per_caller(&header::CONTENT_TYPE));
+/// ```
+pub fn is_per_caller(name: &HeaderName) -> bool {
+    PER_CALLER.contains(&name.as_str())
+}
+
 /// Why a layer could not be built.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -663,6 +676,7 @@ impl<St: Send + Sync> axum::extract::FromRequestParts<St> for IdempotencyInfo {
     }
 }
 
+pub mod binding;
 mod body;
 mod canonical;
 mod key;

@@ -61,6 +61,20 @@ pub enum Problem {
 }
 
 impl Problem {
+    /// Every problem.
+    pub const ALL: [Problem; 10] = [
+        Problem::MissingKey,
+        Problem::MalformedKey,
+        Problem::UnscopedRequest,
+        Problem::BodyTooLarge,
+        Problem::UnreadableBody,
+        Problem::InProgress,
+        Problem::KeyReused,
+        Problem::StoreUnavailable,
+        Problem::Internal,
+        Problem::ResultUnavailable,
+    ];
+
     /// The problem's name, the last part of its `type`.
     pub fn name(self) -> &'static str {
         match self {

@@ -692,56 +692,24 @@ where
     }
 }
 
-/// Whether a request's body is JSON by its `Content-Type` (`application/json`, or any
-/// `+json` type); a body without one counts if it parses.
-fn json_body(parts: &http::request::Parts) -> Option<bool> {
-    let ct = parts
-        .headers
-        .get(http::header::CONTENT_TYPE)?
-        .to_str()
-        .ok()?;
-    let essence = ct
-        .split(';')
-        .next()
-        .unwrap_or_default()
-        .trim()
-        .to_ascii_lowercase();
-    Some(essence == "application/json" || essence.ends_with("+json"))
-}
-
-/// Method, path and query, `Authorization`, the chosen headers, and the body: a JSON body by
-/// its value (its canonical spelling, `canonical.rs`) when `canonical_json` is on.
+/// Method, path and query, `Authorization`, the chosen headers, and the body
+/// ([`crate::binding::request_fingerprint`], which the Python binding shares).
 fn fingerprint<S>(config: &Config<S>, parts: &http::request::Parts, body: &Bytes) -> Fingerprint {
-    let canonical;
-    let json = config.canonical_json && json_body(parts) != Some(false);
-    let body: &[u8] = match json.then(|| serde_json::from_slice::<serde_json::Value>(body)) {
-        Some(Ok(v)) => {
-            canonical = crate::canonical::canonical(&v);
-            canonical.as_bytes()
-        }
-        _ => body,
-    };
     let path = parts
         .uri
         .path_and_query()
         .map_or("/", http::uri::PathAndQuery::as_str);
-    let mut fields: Vec<&[u8]> = vec![parts.method.as_str().as_bytes(), path.as_bytes()];
-    // The credential: within a scope, another caller's request is another request. Its
-    // hash only is stored (the fingerprint), never the header.
-    if config.authorization {
-        fields.push(b"authorization");
-        for v in parts.headers.get_all(http::header::AUTHORIZATION) {
-            fields.push(v.as_bytes());
-        }
-    }
-    for name in &config.headers {
-        fields.push(name.as_str().as_bytes());
-        for v in parts.headers.get_all(name) {
-            fields.push(v.as_bytes());
-        }
-    }
-    fields.push(body);
-    Fingerprint::of_parts(fields)
+    crate::binding::request_fingerprint(
+        &parts.method,
+        path,
+        &parts.headers,
+        body,
+        &crate::binding::FingerprintRule {
+            canonical_json: config.canonical_json,
+            authorization: config.authorization,
+            headers: &config.headers,
+        },
+    )
 }
 
 #[cfg(test)]

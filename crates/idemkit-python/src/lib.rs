@@ -52,6 +52,7 @@ use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
 
 mod bridge;
+mod http;
 mod stores;
 
 use bridge::{Bridge, Reply, Wake};
@@ -319,7 +320,9 @@ impl Coordinator {
     /// now, or the call's error). The returned [`Pending`] aborts the call if the caller
     /// stops waiting. `on_cancel` (`"keep"` or `"release"`) overrides the coordinator's for
     /// this call.
-    #[pyo3(signature = (bridge, id, operation, key, ttl, in_flight="wait", fingerprint=None, scope=None, on_cancel=None))]
+    /// `exact_fingerprint` says `fingerprint` is a fingerprint's 16 bytes already (the ASGI
+    /// middleware's, computed as the Rust HTTP layer does), not bytes to hash.
+    #[pyo3(signature = (bridge, id, operation, key, ttl, in_flight="wait", fingerprint=None, scope=None, on_cancel=None, exact_fingerprint=false))]
     #[allow(clippy::too_many_arguments)]
     fn begin(
         &self,
@@ -333,6 +336,7 @@ impl Coordinator {
         fingerprint: Option<&[u8]>,
         scope: Option<&str>,
         on_cancel: Option<&str>,
+        exact_fingerprint: bool,
     ) -> PyResult<Pending> {
         if let Some(pid) = self.store_pid
             && pid != std::process::id()
@@ -360,7 +364,14 @@ impl Coordinator {
             ),
             None => None,
         };
-        let fingerprint = fingerprint.map(Fingerprint::of);
+        let fingerprint = match fingerprint {
+            Some(exact) if exact_fingerprint => {
+                Some(Fingerprint::from_bytes(exact.try_into().map_err(|_| {
+                    pyo3::exceptions::PyValueError::new_err("an exact fingerprint is 16 bytes")
+                })?))
+            }
+            other => other.map(Fingerprint::of),
+        };
 
         let coordinator = self.inner.clone();
         let task = Arc::new(TaskState::new(bridge.wake.clone(), id));
@@ -718,5 +729,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(migrate_inbox, m)?)?;
     m.add_function(wrap_pyfunction!(validate, m)?)?;
     m.add_function(wrap_pyfunction!(_panicking_store, m)?)?;
+    http::register(m)?;
     Ok(())
 }

@@ -96,6 +96,13 @@ class PostgresStore(Store):
         return cls(_reply_sync(_native.postgres_store, url, table))
 
 
+class ExactFingerprint(bytes):
+    """A fingerprint's 16 bytes, used as they are (not hashed again): the ASGI middleware's,
+    computed as the Rust HTTP layer computes it, so both read each other's records."""
+
+    __slots__ = ()
+
+
 class Coordinator:
     """Runs actions at most once per ``(operation, key)``: one per process and store.
 
@@ -233,6 +240,7 @@ class Call(Generic[T]):
                 self.fingerprint,
                 self.scope,
                 self.on_cancel,
+                type(self.fingerprint) is ExactFingerprint,
             )
         except BaseException:
             bridge.forget(id)
