@@ -65,7 +65,10 @@ async def send_invoice_email(order: Order, attempt: idemkit.Attempt) -> str:
     return f"em_{order['id']}"
 
 
-async def main() -> None:
+async def billing_handler() -> Any:
+    """The tables, the inbox and the coordinator, and the handler of one order: the piece a
+    consumer loop calls per message (this file's Kafka loop, or a FastStream subscriber in
+    faststream_consumer.py)."""
     async with await psycopg.AsyncConnection.connect(DATABASE_URL, autocommit=True) as conn:
         await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{SCHEMA}"')
         await conn.execute(f'CREATE TABLE IF NOT EXISTS "{SCHEMA}".invoices (order_id text NOT NULL)')
@@ -105,7 +108,11 @@ async def main() -> None:
             return await coordinator.call("invoice.send", key(order)).run(action)
 
         handle = the_seeds_trap
+    return handle
 
+
+async def main() -> None:
+    handle = await billing_handler()
     consumer = AIOKafkaConsumer(
         TOPIC,
         bootstrap_servers=BROKERS,
