@@ -4,7 +4,8 @@
 //!
 //! `hit`: one key completed once, then replayed N times. `miss`: N fresh keys. Run it under
 //! `valgrind --tool=callgrind` for two values of N; the difference divided by the difference
-//! in N is the cost of one call, without start-up (docs/benchmarks.md).
+//! in N is the cost of one call, without start-up (docs/benchmarks.md). It prints the calls'
+//! wall time per call (an A/B of two builds, alternated).
 
 use std::convert::Infallible;
 
@@ -25,6 +26,7 @@ fn main() {
             .map(|i| Key::new(format!("order-{}.invoice", if hit { 0 } else { i })).expect("valid"))
             .collect();
         let mut sum = 0u64;
+        let started = tokio::time::Instant::now();
         for key in &keys {
             let out = c
                 .call(&op, key)
@@ -34,5 +36,10 @@ fn main() {
             sum += out.value;
         }
         assert_eq!(sum, 7 * n as u64);
+        // The calls only (the keys are built before, the store dropped after).
+        eprintln!(
+            "{} ns per call",
+            started.elapsed().as_nanos() / n.max(1) as u128
+        );
     });
 }

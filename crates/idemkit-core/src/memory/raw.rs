@@ -83,8 +83,7 @@ impl Scan for MemoryStore {
         let mut found: Vec<Listed> = Vec::new();
         for shard in &self.inner.shards {
             let shard = lock(shard);
-            for (_, name, entry) in shard.map.entries.iter() {
-                let name: &str = name;
+            for (name, entry) in shard.map.iter() {
                 if after.is_some_and(|a| name <= a)
                     || prefix.as_deref().is_some_and(|p| !name.starts_with(p))
                 {

@@ -22,10 +22,18 @@ pub(super) struct Shard {
 
 /// One shard's entries, looked up with the hash the shard was chosen by: one hash per call.
 /// Each entry keeps its hash, so growing or shrinking the table rehashes nothing (SipHash
-/// over every key was a tenth of a miss's time while the map grew).
+/// over every key was a tenth of a miss's time while the map grew). The table holds the hash
+/// and a box of the key and entry: growing it moves 16 bytes an entry instead of the whole
+/// record, and its fresh memory is a tenth of the size (docs/benchmarks.md, "MemoryStore").
 #[derive(Debug, Default)]
 pub(super) struct Table {
-    pub(super) entries: HashTable<(u64, Arc<str>, Entry)>,
+    entries: HashTable<(u64, Box<Item>)>,
+}
+
+#[derive(Debug)]
+struct Item {
+    key: Arc<str>,
+    entry: Entry,
 }
 
 impl Table {
@@ -35,14 +43,14 @@ impl Table {
 
     pub(super) fn get(&self, hash: u64, key: &str) -> Option<&Entry> {
         self.entries
-            .find(hash, |(h, k, _)| *h == hash && **k == *key)
-            .map(|(_, _, e)| e)
+            .find(hash, |(h, it)| *h == hash && *it.key == *key)
+            .map(|(_, it)| &it.entry)
     }
 
     pub(super) fn get_mut(&mut self, hash: u64, key: &str) -> Option<&mut Entry> {
         self.entries
-            .find_mut(hash, |(h, k, _)| *h == hash && **k == *key)
-            .map(|(_, _, e)| e)
+            .find_mut(hash, |(h, it)| *h == hash && *it.key == *key)
+            .map(|(_, it)| &mut it.entry)
     }
 
     /// Inserts or replaces; returns the replaced entry. The table keeps the storage key's
@@ -51,28 +59,35 @@ impl Table {
         if let Some(old) = self.get_mut(hash, key.as_str()) {
             return Some(std::mem::replace(old, entry));
         }
-        self.entries
-            .insert_unique(hash, (hash, key.shared().clone(), entry), |(h, _, _)| *h);
+        let item = Box::new(Item {
+            key: key.shared().clone(),
+            entry,
+        });
+        self.entries.insert_unique(hash, (hash, item), |(h, _)| *h);
         None
     }
 
     pub(super) fn remove(&mut self, hash: u64, key: &str) -> Option<Entry> {
         let found = self
             .entries
-            .find_entry(hash, |(h, k, _)| *h == hash && **k == *key)
+            .find_entry(hash, |(h, it)| *h == hash && *it.key == *key)
             .ok()?;
-        Some(found.remove().0.2)
+        Some(found.remove().0.1.entry)
+    }
+
+    /// Every key and its entry, in no order.
+    pub(super) fn iter(&self) -> impl Iterator<Item = (&str, &Entry)> {
+        self.entries.iter().map(|(_, it)| (&*it.key, &it.entry))
     }
 
     pub(super) fn retain(&mut self, mut keep: impl FnMut(&Entry) -> bool) {
-        self.entries.retain(|(_, _, e)| keep(e));
+        self.entries.retain(|(_, it)| keep(&it.entry));
     }
 
     /// Shrinks the table when under a quarter of its capacity is used.
     pub(super) fn shrink_if_sparse(&mut self) {
         if self.entries.len() < self.entries.capacity() / 4 {
-            self.entries
-                .shrink_to(self.entries.len() * 2, |(h, _, _)| *h);
+            self.entries.shrink_to(self.entries.len() * 2, |(h, _)| *h);
         }
     }
 }
