@@ -448,3 +448,37 @@ async def test_the_rule_of_what_is_final_and_the_problems_documentation_can_be_r
         reused = await post(client, '"d"', {"amount": 2})
         assert reused.json()["type"] == "https://api.example.com/errors/key-reused"
         assert reused.headers["link"] == '<https://api.example.com/errors/key-reused>; rel="describedby"; type="text/html"'
+
+
+async def test_headers_given_as_lists_are_read_as_pairs():
+    # ASGI allows header pairs as lists (some servers and apps send them so).
+    runs = []
+
+    async def app(scope, receive, send):
+        runs.append(1)
+        await receive()
+        await send({"type": "http.response.start", "status": 201, "headers": [[b"content-type", b"text/plain"]]})
+        await send({"type": "http.response.body", "body": b"done"})
+
+    mw = IdempotencyMiddleware(app, coordinator=idemkit.Coordinator(idemkit.MemoryStore()), operation="op", global_scope="all")
+    sent = []
+
+    async def call():
+        scope = {"type": "http", "method": "POST", "path": "/x", "raw_path": b"/x", "query_string": b"",
+                 "headers": [[b"idempotency-key", b'"k"'], [b"content-type", b"text/plain"]]}
+        messages = [{"type": "http.request", "body": b"x", "more_body": False}]
+
+        async def receive():
+            return messages.pop(0) if messages else await asyncio.Event().wait()
+
+        async def send(message):
+            sent.append(message)
+
+        await mw(scope, receive, send)
+
+    await call()
+    await call()
+    starts = [m for m in sent if m["type"] == "http.response.start"]
+    assert [m["status"] for m in starts] == [201, 201] and len(runs) == 1
+    assert (b"idempotent-replayed", b"true") in starts[1]["headers"]
+    assert (b"content-type", b"text/plain") in starts[1]["headers"]

@@ -189,7 +189,7 @@ class IdempotencyMiddleware:
         fingerprint = _native.http_fingerprint(
             scope["method"],
             _path_and_query(scope),
-            list(scope["headers"]),
+            _pairs(scope["headers"]),
             body,
             self.canonical_json,
             self.fingerprint_authorization,
@@ -287,6 +287,11 @@ class IdempotencyMiddleware:
 
 
 _TOO_LARGE = b"<over max_body_bytes>"
+
+
+def _pairs(headers: Iterable[Any]) -> list[tuple[bytes, bytes]]:
+    """ASGI headers as (name, value) tuples of bytes: servers and apps may give lists."""
+    return [(bytes(name), bytes(value)) for name, value in headers]
 
 
 def _path_and_query(scope: Scope) -> str:
@@ -510,7 +515,7 @@ class _Run:
                     if name.lower() == b"content-length":
                         with contextlib.suppress(ValueError):
                             self.announced = int(value)
-                head.set_result((status, list(message.get("headers", []))))
+                head.set_result((status, _pairs(message.get("headers", []))))
                 return
             if kind != "http.response.body":
                 await self._send(message)
