@@ -370,6 +370,28 @@ async def test_with_the_store_down_the_answer_is_503_and_nothing_runs():
             assert down.status_code == 503
             problem(down, "store-unavailable")
             assert pay.runs == 1
+        # Down while a handler runs: it ran, its response could not be stored: 500 (its cause
+        # logged), never the response as if it were stored (before: 201, and a retry ran again).
+        proc = subprocess.Popen(
+            [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+        )
+        for _ in range(200):
+            try:
+                store = await idemkit.RedisStore.connect(f"redis://127.0.0.1:{port}")
+                break
+            except idemkit.StoreUnavailable:
+                time.sleep(0.02)
+        slow = Payments(delay=0.5)
+        async with serve(protect(slow.app, idemkit.Coordinator(store, lease=2.0))) as client:
+            running = asyncio.ensure_future(post(client, '"mid"', {"amount": 1}))
+            while slow.runs == 0:
+                await asyncio.sleep(0.01)
+            proc.kill()
+            proc.wait()
+            lost = await running
+            assert lost.status_code == 500 and slow.runs == 1, lost.text
+            assert problem(lost, "internal")["instance"].startswith("urn:idemkit:incident:")
         # Failing open: the handler runs, unprotected.
         fail_open = Payments()
         async with serve(protect(fail_open.app, idemkit.Coordinator(store, fail_open=True))) as client:

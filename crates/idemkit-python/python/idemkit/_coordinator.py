@@ -200,7 +200,18 @@ class Coordinator:
 class Call(Generic[T]):
     """One call: ``await coordinator.call(op, key).run(action, *args)``."""
 
-    __slots__ = ("_coordinator", "operation", "key", "ttl", "in_flight", "fingerprint", "scope", "codec", "on_cancel")
+    __slots__ = (
+        "_coordinator",
+        "operation",
+        "key",
+        "ttl",
+        "in_flight",
+        "fingerprint",
+        "scope",
+        "codec",
+        "on_cancel",
+        "_stored",
+    )
 
     def __init__(
         self,
@@ -223,6 +234,7 @@ class Call(Generic[T]):
         self.scope = scope
         self.codec = codec
         self.on_cancel = on_cancel
+        self._stored: bool | None = None
 
     def _begin(self, bridge: _Bridge | _SyncBridge, id: int) -> _native.Pending:
         """Starts the call on the runtime; its first reply goes to ``bridge`` under ``id``."""
@@ -314,7 +326,9 @@ class Call(Generic[T]):
             return value
         begun.complete(id, encoded)
         try:
-            await _settled(waiting)
+            # Whether the result was stored (False: the store failed after the action, which
+            # the caller's value does not show; the ASGI middleware reads it).
+            self._stored = bool(await _settled(waiting))
         except IdemkitError as e:
             e.operation, e.key = self.operation, self.key
             raise

@@ -325,6 +325,7 @@ class _Run:
         self.body = body
         self.client_gone = False
         self.ran = False
+        self.protected = True
         self.final = True
         self.app_task: asyncio.Future[None] | None = None
         # Set when the client disconnects (watched only with ``cancel_with_client``).
@@ -391,17 +392,27 @@ class _Run:
             # The key was checked already: the scope function's tenant is not a scope.
             await self._answer_problem("unscoped-request", f"this request's scope is not one: {e}")
             return
-        except StoreUnavailable:
-            if self.sent_head:
-                raise
-            await self._answer_problem("store-unavailable", "the idempotency store is unavailable")
-            return
         except IdemkitError as e:
             if self.sent_head:
+                # Part of the response went out: only breaking it off says it failed.
                 raise
-            await self._internal("the idempotency call failed", e)
+            if self.ran:
+                # The handler ran, its response could not be stored: as the Rust layer, a
+                # 500 whose cause is logged (a 503 would say nothing was done).
+                await self._internal("the handler's response could not be stored", e)
+            elif isinstance(e, StoreUnavailable):
+                await self._answer_problem("store-unavailable", "the idempotency store is unavailable")
+            else:
+                await self._internal("the idempotency call failed", e)
             return
-        if self.ran:
+        if self.ran and self.protected and call._stored is False:
+            # The handler ran, its response could not be stored (the store failed at the
+            # completion): as the Rust layer, an error, never a clean end a retry would not
+            # find stored.
+            if self.sent_head:
+                raise RuntimeError("the handler's response could not be stored")
+            await self._internal("the handler's response could not be stored", RuntimeError("not stored"))
+        elif self.ran:
             await self._finish()
         else:
             await self._replay(stored)
@@ -457,6 +468,8 @@ class _Run:
         if self.mw.cancel_with_client and self.client_gone:
             raise _ClientGone()
         self.ran = True
+        # Unprotected (a fail-open coordinator with the store down): nothing is stored, as said.
+        self.protected = attempt.is_protected
         began = time.monotonic()
         scope = dict(self.scope)
         scope["idemkit"] = IdempotencyInfo(self.key, self.tenant, self.fingerprint, attempt.fencing_token)
