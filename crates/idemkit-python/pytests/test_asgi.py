@@ -345,22 +345,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-async def test_with_the_store_down_the_answer_is_503_and_nothing_runs():
+async def own_redis(port: int):
+    """A redis-server of this test's own on `port`, and a store connected to it."""
     server = shutil.which("redis-server")
     if server is None:
         pytest.fail("redis-server is needed to stop a Redis of this test's own")
-    port = free_port()
     proc = subprocess.Popen(
         [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
         stdout=subprocess.DEVNULL,
     )
+    for _ in range(200):
+        try:
+            return proc, await idemkit.RedisStore.connect(f"redis://127.0.0.1:{port}")
+        except idemkit.StoreUnavailable:
+            time.sleep(0.02)
+    proc.kill()
+    pytest.fail(f"the test's redis-server on {port} did not start")
+
+
+async def test_with_the_store_down_the_answer_is_503_and_nothing_runs():
+    port = free_port()
+    proc, store = await own_redis(port)
     try:
-        for _ in range(200):
-            try:
-                store = await idemkit.RedisStore.connect(f"redis://127.0.0.1:{port}")
-                break
-            except idemkit.StoreUnavailable:
-                time.sleep(0.02)
         pay = Payments()
         async with serve(protect(pay.app, idemkit.Coordinator(store))) as client:
             assert (await post(client, '"up"', {"amount": 1})).status_code == 201
@@ -372,16 +378,7 @@ async def test_with_the_store_down_the_answer_is_503_and_nothing_runs():
             assert pay.runs == 1
         # Down while a handler runs: it ran, its response could not be stored: 500 (its cause
         # logged), never the response as if it were stored (before: 201, and a retry ran again).
-        proc = subprocess.Popen(
-            [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL,
-        )
-        for _ in range(200):
-            try:
-                store = await idemkit.RedisStore.connect(f"redis://127.0.0.1:{port}")
-                break
-            except idemkit.StoreUnavailable:
-                time.sleep(0.02)
+        proc, store = await own_redis(port)
         slow = Payments(delay=0.5)
         async with serve(protect(slow.app, idemkit.Coordinator(store, lease=2.0))) as client:
             running = asyncio.ensure_future(post(client, '"mid"', {"amount": 1}))
