@@ -24,7 +24,8 @@ pub(super) struct Shard {
 /// Each entry keeps its hash, so growing or shrinking the table rehashes nothing (SipHash
 /// over every key was a tenth of a miss's time while the map grew). The table holds the hash
 /// and a box of the key and entry: growing it moves 16 bytes an entry instead of the whole
-/// record, and its fresh memory is a tenth of the size (docs/benchmarks.md, "MemoryStore").
+/// record, and its fresh memory is a tenth of the size (docs/benchmarks.md, "The MemoryStore
+/// miss").
 #[derive(Debug, Default)]
 pub(super) struct Table {
     entries: HashTable<(u64, Box<Item>)>,
