@@ -51,6 +51,9 @@ const SELECT: Case = "floor: PK SELECT";
 const INSERT: Case = "floor: 1-row INSERT";
 const HIT: Case = "idemkit PgStore hit";
 const MISS: Case = "idemkit PgStore miss";
+/// The same miss on a store that sends every call alone (`PgStoreBuilder::coalesce(false)`):
+/// what coalescing changes, in the same run.
+const MISS_ALONE: Case = "idemkit PgStore miss, coalescing off";
 /// The table a user would write by hand: a first delivery inserts its key (`ON CONFLICT DO
 /// NOTHING`), runs, and updates the same row with its result. No owner check, no lease, no
 /// fencing, no replay path: the floor of two statements per first delivery.
@@ -76,6 +79,16 @@ async fn peer_miss(pool: &PgPool, key: &str) {
     .execute(pool)
     .await
     .expect("peer update");
+}
+
+/// The bench's store on `pool`, sending every call alone.
+fn without_coalescing(pool: &PgPool) -> Result<Coordinator<PgStore>, String> {
+    let store = PgStore::builder()
+        .schema("idemkit_bench")
+        .coalesce(false)
+        .build(pool.clone())
+        .map_err(|e| e.to_string())?;
+    Ok(Coordinator::new(store))
 }
 
 /// Runs every case `rounds` times (interleaved) and keeps each case's median round.
@@ -104,6 +117,7 @@ pub(crate) async fn run(url: &str, ops: usize, rounds: usize) -> Result<PgReport
         .map_err(|e| e.to_string())?;
     store.migrate().await.map_err(|e| e.to_string())?;
     let c = Coordinator::new(store);
+    let alone = without_coalescing(&pool)?;
     let op = Operation::new("bench").map_err(|e| e.to_string())?;
     // Keys to replay: completed once, before the timed runs.
     let hits: Arc<Vec<Key>> = Arc::new(
@@ -133,10 +147,10 @@ pub(crate) async fn run(url: &str, ops: usize, rounds: usize) -> Result<PgReport
         let mut round = Vec::new();
         for &concurrency in &[1usize, 64] {
             let ops = if concurrency == 1 { ops / 10 } else { ops }.max(100);
-            for case in [SELECT, INSERT, HIT, MISS, PEER] {
+            for case in [SELECT, INSERT, HIT, MISS, MISS_ALONE, PEER] {
                 let (pool, c, op, hits, fresh) = (
                     pool.clone(),
-                    c.clone(),
+                    if case == MISS_ALONE { &alone } else { &c }.clone(),
                     op.clone(),
                     hits.clone(),
                     fresh.clone(),
@@ -330,18 +344,20 @@ async fn count_statements(
         .build(pool.clone())
         .map_err(|e| e.to_string())?;
     let c = Coordinator::new(store);
+    let alone = without_coalescing(&pool)?;
     let mut out = Vec::new();
     const CALLS: usize = 20;
-    for case in [SELECT, INSERT, HIT, MISS, PEER] {
+    for case in [SELECT, INSERT, HIT, MISS, MISS_ALONE, PEER] {
         // Prepare first: a statement's first use on a connection is parsed separately; and
         // the store's first statement follows what recent calls met (src/guess.rs of
         // idemkit-postgres): 16 calls of the case settle it, as in the timed runs.
+        let c = if case == MISS_ALONE { &alone } else { &c };
         for i in 0..16 {
-            one(&pool, &c, op, case, run_id, i).await;
+            one(&pool, c, op, case, run_id, i).await;
         }
         let before = std::fs::metadata(&path).map_err(|e| e.to_string())?.len();
         for i in 0..CALLS {
-            one(&pool, &c, op, case, run_id, 100 + i).await;
+            one(&pool, c, op, case, run_id, 100 + i).await;
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
         let mut file = std::fs::File::open(&path).map_err(|e| e.to_string())?;
@@ -394,7 +410,8 @@ async fn one(
         }
         PEER => peer_miss(pool, &format!("peer-{run_id:x}-log-{i}")).await,
         _ => {
-            let key = Key::new(format!("miss-{run_id:x}-log-{i}")).expect("valid");
+            let alone = if case == MISS_ALONE { "alone-" } else { "" };
+            let key = Key::new(format!("miss-{run_id:x}-log-{alone}{i}")).expect("valid");
             c.call(op, &key)
                 .ttl(Duration::from_secs(60))
                 .run(|_| async { Ok::<_, std::io::Error>(1u32) })
@@ -457,7 +474,7 @@ impl std::fmt::Display for PgReport {
         )?;
         writeln!(
             f,
-            "{:<24}{:>5}{:>12}{:>10}{:>10}{:>12}{:>13}{:>10}",
+            "{:<37}{:>5}{:>12}{:>10}{:>10}{:>12}{:>13}{:>10}",
             "case", "conc", "ops/s", "p50 µs", "p99 µs", "stmts/call", "db cpu µs", "p50/floor"
         )?;
         for r in &self.rows {
@@ -466,7 +483,7 @@ impl std::fmt::Display for PgReport {
                 .map_or("n/a".to_string(), |s| format!("{s:.2}"));
             writeln!(
                 f,
-                "{:<24}{:>5}{:>12.0}{:>10.1}{:>10.1}{:>12}{:>13.1}{:>10.2}",
+                "{:<37}{:>5}{:>12.0}{:>10.1}{:>10.1}{:>12}{:>13.1}{:>10.2}",
                 r.case,
                 r.concurrency,
                 r.ops_per_sec,

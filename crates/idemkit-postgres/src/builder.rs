@@ -35,6 +35,7 @@ pub struct PgStoreBuilder {
     pub(crate) schema: String,
     pub(crate) table: String,
     pub(crate) recheck: Duration,
+    pub(crate) coalesce: bool,
     max_connections: u32,
 }
 
@@ -44,6 +45,7 @@ impl Default for PgStoreBuilder {
             schema: "public".into(),
             table: "idemkit_records".into(),
             recheck: Duration::from_secs(2),
+            coalesce: true,
             max_connections: 10,
         }
     }
@@ -99,6 +101,25 @@ impl PgStoreBuilder {
         self
     }
 
+    /// Whether concurrent `begin`s (and `complete`s) are coalesced (default on): while two
+    /// statements of one kind are running, later calls queue, and the queue goes out as one
+    /// statement when one of them answers: one commit for many keys, where a miss otherwise
+    /// costs two commits of its own (docs/benchmarks.md). A call that finds nothing queued and
+    /// a statement's slot free is sent at once, so nothing waits at concurrency 1. A call in
+    /// a transaction of yours ([`TxCall`](crate::TxCall)) completes in that transaction,
+    /// never in a batch. Off sends every call on its own (for comparison).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// let b = idemkit_postgres::PgStore::builder().coalesce(false);
+    /// # drop(b);
+    /// ```
+    pub fn coalesce(mut self, on: bool) -> Self {
+        self.coalesce = on;
+        self
+    }
+
     /// The size of the pool [`connect`](PgStoreBuilder::connect) opens (default 10, at
     /// least 2: a waiter's `LISTEN` connection beside the calls'). Ignored by
     /// [`build`](PgStoreBuilder::build), which takes your pool.
@@ -140,7 +161,12 @@ impl PgStoreBuilder {
     /// # drop(store); Ok(()) }
     /// ```
     pub fn build(self, pool: PgPool) -> Result<PgStore, NameError> {
-        Ok(PgStore::assemble(pool, self.names()?, self.recheck))
+        Ok(PgStore::assemble(
+            pool,
+            self.names()?,
+            self.recheck,
+            self.coalesce,
+        ))
     }
 
     /// Checks the names, then connects a pool of [`max_connections`] to `url` (without

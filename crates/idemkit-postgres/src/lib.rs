@@ -18,7 +18,9 @@
 /// application uses the same version as the store without naming it in its manifest.
 pub use sqlx;
 
+mod batch;
 mod builder;
+mod coalesce;
 mod consume;
 mod errors;
 mod fence;

@@ -18,6 +18,8 @@ pub(crate) struct Statements {
     pub(crate) completed_by: String,
     pub(crate) advance_fencing: String,
     pub(crate) complete: String,
+    pub(crate) complete_many: String,
+    pub(crate) notify_many: String,
     pub(crate) release: String,
     pub(crate) wait: String,
     pub(crate) get: String,
@@ -97,14 +99,14 @@ impl Statements {
                  RETURNING true, 1::int2, 1::int2, NULL::bytea, r.fencing, NULL::bytea, NULL::int2, NULL::bytea, \
                    0::int8, 0::int8, false"
             ),
-            // `begin` for a batch of distinct keys ($1 keys, $2 owners, $4 fingerprints, one
-            // lease $3): the same decision per key, one statement. Rows come back keyed (the
+            // `begin` for a batch of distinct keys ($1 keys, $2 owners, $3 leases, $4
+            // fingerprints, $5 holders): the same decision per key, one statement. Rows come back keyed (the
             // first column); a key without a row met the snapshot race described above and
             // is sent again alone. Inserts go in key order, so two batches that share keys
             // lock them in the same order (no deadlock).
             begin_many: format!(
                 "WITH c AS (SELECT clock_timestamp() AS now), \
-                 req AS (SELECT * FROM unnest($1::text[], $2::bytea[], $4::bytea[], $5::bytea[]) AS q(k, o, f, h)), \
+                 req AS (SELECT * FROM unnest($1::text[], $2::bytea[], $3::int8[], $4::bytea[], $5::bytea[]) AS q(k, o, l, f, h)), \
                  cur AS ( \
                    SELECT t.key, t.version, t.state, t.owner, t.fencing, t.fingerprint, t.kind, t.result, \
                      t.created_at, t.expires_at \
@@ -112,7 +114,7 @@ impl Statements {
                  ), \
                  ins AS ( \
                    INSERT INTO {t} AS r (key, version, state, owner, fencing, fingerprint, created_at, expires_at, waiting, holder) \
-                   SELECT req.k, 1, 1, req.o, nextval('{seq}'), req.f, c.now, c.now + $3 * interval '1 microsecond', false, req.h \
+                   SELECT req.k, 1, 1, req.o, nextval('{seq}'), req.f, c.now, c.now + req.l * interval '1 microsecond', false, req.h \
                    FROM req, c WHERE NOT EXISTS (SELECT 1 FROM cur WHERE cur.key = req.k AND cur.expires_at > c.now) \
                    ORDER BY req.k \
                    ON CONFLICT (key) DO UPDATE SET version = 1, state = 1, owner = excluded.owner, \
@@ -164,7 +166,26 @@ impl Statements {
                  WHERE {owned} AND state = 1 AND expires_at > clock_timestamp() \
                  RETURNING waiting"
             ),
+            // `complete` for a batch of distinct keys, each with its owner, fencing, result
+            // and TTL: the keys completed come back with their waiting flags (a key
+            // missing is handled alone, as `complete` handles no row). The client sends the
+            // keys sorted, so the rows are updated in key order as `begin_many` inserts them
+            // (the plan's function scan drives the primary-key lookups); should a plan ever
+            // meet two batches' rows in opposite orders, the deadlock's error sends each call
+            // of the batch again on its own (batch.rs).
+            complete_many: format!(
+                "UPDATE {t} AS r SET state = 2, kind = q.kind, result = q.res, \
+                   expires_at = clock_timestamp() + q.ttl * interval '1 microsecond' \
+                 FROM unnest($1::text[], $2::bytea[], $3::int8[], $4::int2[], $5::bytea[], $6::int8[]) \
+                   AS q(k, o, f, kind, res, ttl) \
+                 WHERE r.key = q.k AND r.owner = q.o AND r.fencing = q.f AND r.version = 1 \
+                   AND r.state = 1 AND r.expires_at > clock_timestamp() \
+                 RETURNING r.key, r.waiting"
+            ),
             notify: format!("SELECT pg_notify('{channel}', $1)"),
+            notify_many: format!(
+                "SELECT count(pg_notify('{channel}', k)) FROM unnest($1::text[]) AS k"
+            ),
             release: format!(
                 "WITH d AS ( \
                    DELETE FROM {t} WHERE {owned} AND state = 1 AND expires_at > clock_timestamp() \

@@ -10,7 +10,9 @@ use idemkit_core::{
 };
 use sqlx::{PgConnection, PgPool, Row as _};
 
+use crate::batch::{BeginJob, CompleteJob, Kind, Lanes, Slot};
 use crate::builder::PgStoreBuilder;
+use crate::coalesce::{Entered, Reply, dropped};
 use crate::errors::{Checked, Row, map_err, read_record};
 use crate::guess::{Guess, Guesser};
 use crate::names::Table;
@@ -58,6 +60,8 @@ pub(crate) struct Inner {
     recheck: Duration,
     /// Which `begin` statement recent calls suggest (see `Guesser`).
     guess: Guesser,
+    /// The queues of concurrent calls, when coalescing is on (see coalesce.rs).
+    pub(crate) lanes: Option<Lanes>,
 }
 
 impl PgStore {
@@ -78,11 +82,11 @@ impl PgStore {
             schema: defaults.schema,
             name: defaults.table,
         };
-        PgStore::assemble(pool, table, defaults.recheck)
+        PgStore::assemble(pool, table, defaults.recheck, defaults.coalesce)
     }
 
     /// The store on `pool`, in `table` (checked).
-    pub(crate) fn assemble(pool: PgPool, table: Table, recheck: Duration) -> Self {
+    pub(crate) fn assemble(pool: PgPool, table: Table, recheck: Duration, coalesce: bool) -> Self {
         PgStore {
             inner: Arc::new(Inner {
                 sql: Statements::new(&table),
@@ -92,6 +96,7 @@ impl PgStore {
                 listener: Listener::default(),
                 recheck,
                 guess: Guesser::default(),
+                lanes: coalesce.then(Lanes::default),
             }),
         }
     }
@@ -401,77 +406,68 @@ impl Store for PgStore {
     }
 
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Claim, StoreError> {
-        let owner = req.owner.as_u128().to_be_bytes();
-        let fingerprint = req.fingerprint.map(|f| f.to_bytes());
-        let holder = holder_block(req);
-        // One statement for the case the recent calls say is likely, which answers it alone
-        // at the cost of a plain read or insert; when it does not apply, `begin` after it.
-        let guess = self.inner.guess.guess();
-        let fast = match guess {
-            Guess::Live => Some(&self.inner.sql.begin_read),
-            Guess::Absent => Some(&self.inner.sql.begin_insert),
-            Guess::Either => None,
+        let Some(lanes) = &self.inner.lanes else {
+            return self.begin_alone(req).await;
         };
-        if let Some(statement) = fast {
-            let row = sqlx::query(statement)
-                .bind(req.key.as_str())
-                .bind(&owner[..])
-                .bind(micros(req.lease))
-                .bind(fingerprint.as_ref().map(|f| &f[..]))
-                .bind(holder.as_deref())
-                .fetch_optional(&self.inner.pool)
-                .await
-                .map_err(|e| self.err(e))?;
-            if let Some(row) = row {
-                let claim = self.claim_of(req, &row, 0)?;
-                self.inner.guess.saw(&claim);
-                if let Claim::Reserved { ownership, .. } = &claim
-                    && !row.try_get::<bool, _>(0).map_err(|e| self.err(e))?
-                {
-                    // Our own live reservation, read back: renewed, as below.
-                    match self.renew(req.key, ownership, req.lease).await {
-                        Ok(()) => return Ok(claim),
-                        Err(e) if e.is_lease_lost() => {}
-                        Err(e) => return Err(e),
-                    }
-                } else {
-                    return Ok(claim);
-                }
+        let queued = lanes.begin.enter(|reply| BeginJob {
+            key: req.key.as_str().to_owned(),
+            owner: req.owner.as_u128().to_be_bytes(),
+            lease_us: micros(req.lease),
+            fingerprint: req.fingerprint.map(|f| f.to_bytes()),
+            holder: holder_block(req),
+            reply,
+        });
+        let answer = match queued {
+            Entered::Alone => {
+                let _slot = Slot {
+                    store: self,
+                    kind: Kind::Begin,
+                };
+                return self.begin_alone(req).await;
             }
-            // Otherwise the guess was wrong (the key is absent or expired, or there):
-            // `begin` decides, and its claim moves the next guess.
-        }
-        for _ in 0..BEGIN_ATTEMPTS {
-            let row = sqlx::query(&self.inner.sql.begin)
-                .bind(req.key.as_str())
-                .bind(&owner[..])
-                .bind(micros(req.lease))
-                .bind(fingerprint.as_ref().map(|f| &f[..]))
-                .bind(holder.as_deref())
-                .fetch_optional(&self.inner.pool)
-                .await
-                .map_err(|e| self.err(e))?;
-            let Some(row) = row else { continue };
-            let claim = self.claim_of(req, &row, 0)?;
-            self.inner.guess.saw(&claim);
-            if let Claim::Reserved { ownership, .. } = &claim
-                && !row.try_get::<bool, _>(0).map_err(|e| self.err(e))?
-            {
-                // The caller's own reservation, asked for again: a `begin` is a renewal
-                // (the `Store::begin` contract). Rare (a lost reply, a batch's claim
-                // confirmed late), so a second statement rather than a costlier first one.
-                match self.renew(req.key, ownership, req.lease).await {
-                    Ok(()) => {}
-                    // It ended between the two statements: reserve anew.
-                    Err(e) if e.is_lease_lost() => continue,
-                    Err(e) => return Err(e),
-                }
-            }
+            Entered::Queued(answer) => answer.await.map_err(|_| dropped())??,
+        };
+        if let Reply::Done(row) = answer
+            && let Some(claim) = self.settle(req, &row, 1).await?
+        {
             return Ok(claim);
         }
-        Err(StoreError::unavailable(format!(
-            "begin found no row {BEGIN_ATTEMPTS} times in a row under contention"
-        )))
+        self.begin_alone(req).await
+    }
+
+    async fn complete(
+        &self,
+        key: &StorageKey,
+        ownership: &Ownership,
+        request: &CompleteRequest,
+    ) -> Result<(), StoreError> {
+        if let Some(lanes) = &self.inner.lanes {
+            let queued = lanes.complete.enter(|reply| CompleteJob {
+                key: key.as_str().to_owned(),
+                owner: owner_bytes(ownership),
+                fencing: fencing_i64(ownership.fencing),
+                kind: i16::from(request.kind.to_byte()),
+                bytes: request.bytes.clone(),
+                ttl_us: micros(request.ttl),
+                reply,
+            });
+            match queued {
+                Entered::Alone => {
+                    let _slot = Slot {
+                        store: self,
+                        kind: Kind::Complete,
+                    };
+                    return self.complete_alone(key, ownership, request).await;
+                }
+                Entered::Queued(answer) => match answer.await.map_err(|_| dropped())?? {
+                    Reply::Done(()) => return Ok(()),
+                    // Not completed by the batch: alone, it tells a retried completion
+                    // from a lost lease.
+                    Reply::Alone => {}
+                },
+            }
+        }
+        self.complete_alone(key, ownership, request).await
     }
 
     async fn begin_many(&self, reqs: &[BeginRequest<'_>]) -> Vec<Result<Claim, StoreError>> {
@@ -483,34 +479,30 @@ impl Store for PgStore {
             return claims;
         }
         let keys: Vec<&str> = reqs.iter().map(|r| r.key.as_str()).collect();
-        let owners: Vec<Vec<u8>> = reqs
+        let owners: Vec<[u8; 16]> = reqs
             .iter()
-            .map(|r| r.owner.as_u128().to_be_bytes().to_vec())
+            .map(|r| r.owner.as_u128().to_be_bytes())
             .collect();
-        let fingerprints: Vec<Option<Vec<u8>>> = reqs
+        let fingerprints: Vec<Option<[u8; 16]>> = reqs
             .iter()
-            .map(|r| r.fingerprint.map(|f| f.to_bytes().to_vec()))
+            .map(|r| r.fingerprint.map(|f| f.to_bytes()))
             .collect();
         let holders: Vec<Option<Vec<u8>>> = reqs.iter().map(holder_block).collect();
-        // One lease for the batch: the coordinator reserves a batch with one policy.
-        let lease = reqs.iter().map(|r| r.lease).max().unwrap_or_default();
-        let rows = sqlx::query(&self.inner.sql.begin_many)
-            .bind(&keys)
-            .bind(&owners)
-            .bind(micros(lease))
-            .bind(&fingerprints)
-            .bind(&holders)
-            .fetch_all(&self.inner.pool)
+        let rows = self
+            .begin_many_rows((0..reqs.len()).map(|i| crate::batch::BeginColumns {
+                key: keys[i],
+                owner: &owners[i],
+                lease_us: micros(reqs[i].lease),
+                fingerprint: fingerprints[i].as_ref().map(|f| &f[..]),
+                holder: holders[i].as_deref(),
+            }))
             .await;
         let rows = match rows {
             Ok(rows) => rows,
             Err(e) => {
                 let e = self.err(e);
-                let (kind, text) = (e.kind(), e.to_string());
-                return reqs
-                    .iter()
-                    .map(|_| Err(StoreError::new(kind, text.clone())))
-                    .collect();
+                let copy = crate::batch::copies(&e);
+                return reqs.iter().map(|_| Err(copy())).collect();
             }
         };
         let mut claims: Vec<Option<Result<Claim, StoreError>>> =
@@ -570,16 +562,6 @@ impl Store for PgStore {
             Some(_) => Ok(()),
             None => Err(StoreError::lease_lost()),
         }
-    }
-
-    async fn complete(
-        &self,
-        key: &StorageKey,
-        ownership: &Ownership,
-        request: &CompleteRequest,
-    ) -> Result<(), StoreError> {
-        let mut conn = self.inner.pool.acquire().await.map_err(|e| self.err(e))?;
-        self.complete_on(&mut conn, key, ownership, request).await
     }
 
     async fn release(&self, key: &StorageKey, ownership: &Ownership) -> Result<(), StoreError> {
@@ -644,6 +626,87 @@ impl Store for PgStore {
         let Some(row) = row else { return Ok(None) };
         let record = read_record(&row, 0, key).map_err(|e| self.err(e))??;
         Ok(Some(record))
+    }
+}
+
+impl PgStore {
+    /// `begin` sent on its own: the statement the guess picks, then `begin` if needed.
+    async fn begin_alone(&self, req: &BeginRequest<'_>) -> Result<Claim, StoreError> {
+        let owner = req.owner.as_u128().to_be_bytes();
+        let fingerprint = req.fingerprint.map(|f| f.to_bytes());
+        let holder = holder_block(req);
+        // One statement for the case the recent calls say is likely, which answers it alone
+        // at the cost of a plain read or insert; when it does not apply, `begin` after it.
+        let guess = self.inner.guess.guess();
+        let fast: Option<fn(&Statements) -> &String> = match guess {
+            Guess::Live => Some(|sql| &sql.begin_read),
+            Guess::Absent => Some(|sql| &sql.begin_insert),
+            Guess::Either => None,
+        };
+        let send = |statement: fn(&Statements) -> &String| {
+            sqlx::query(statement(&self.inner.sql))
+                .bind(req.key.as_str())
+                .bind(&owner[..])
+                .bind(micros(req.lease))
+                .bind(fingerprint.as_ref().map(|f| &f[..]))
+                .bind(holder.as_deref())
+                .fetch_optional(&self.inner.pool)
+        };
+        if let Some(statement) = fast
+            && let Some(row) = send(statement).await.map_err(|e| self.err(e))?
+            && let Some(claim) = self.settle(req, &row, 0).await?
+        {
+            return Ok(claim);
+        }
+        // Otherwise the guess was wrong (the key is absent or expired, or there): `begin`
+        // decides, and its claim moves the next guess.
+        for _ in 0..BEGIN_ATTEMPTS {
+            let Some(row) = send(|sql| &sql.begin).await.map_err(|e| self.err(e))? else {
+                continue;
+            };
+            if let Some(claim) = self.settle(req, &row, 0).await? {
+                return Ok(claim);
+            }
+        }
+        Err(StoreError::unavailable(format!(
+            "begin found no row {BEGIN_ATTEMPTS} times in a row under contention"
+        )))
+    }
+
+    /// The claim a `begin` row answers (its columns from `at`), noted by the guesser; the
+    /// caller's own live reservation read back (a lost reply, a batch's claim confirmed
+    /// late) is renewed, since a `begin` is a renewal (the `Store::begin` contract): rare, so
+    /// a second statement rather than a costlier first one. `None`: that reservation ended
+    /// between the two statements, and the caller reserves anew.
+    async fn settle(
+        &self,
+        req: &BeginRequest<'_>,
+        row: &sqlx::postgres::PgRow,
+        at: usize,
+    ) -> Result<Option<Claim>, StoreError> {
+        let claim = self.claim_of(req, row, at)?;
+        self.inner.guess.saw(&claim);
+        if let Claim::Reserved { ownership, .. } = &claim
+            && !row.try_get::<bool, _>(at).map_err(|e| self.err(e))?
+        {
+            return match self.renew(req.key, ownership, req.lease).await {
+                Ok(()) => Ok(Some(claim)),
+                Err(e) if e.is_lease_lost() => Ok(None),
+                Err(e) => Err(e),
+            };
+        }
+        Ok(Some(claim))
+    }
+
+    /// `complete` sent on its own, on a connection of the pool.
+    async fn complete_alone(
+        &self,
+        key: &StorageKey,
+        ownership: &Ownership,
+        request: &CompleteRequest,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.inner.pool.acquire().await.map_err(|e| self.err(e))?;
+        self.complete_on(&mut conn, key, ownership, request).await
     }
 }
 

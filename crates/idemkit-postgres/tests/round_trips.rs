@@ -31,16 +31,26 @@ impl Statements {
     }
 }
 
-#[test]
-fn a_hit_is_one_statement_a_miss_two_and_a_batch_one() {
+/// The statements sent from this thread, counted, and a runtime on this thread alone: every
+/// statement of the calls it runs (spawned tasks' too) is sent from here.
+fn counting() -> (
+    Statements,
+    tracing::subscriber::DefaultGuard,
+    tokio::runtime::Runtime,
+) {
     let counted = Statements::default();
-    let _guard =
+    let guard =
         tracing::subscriber::set_default(tracing_subscriber::registry().with(counted.clone()));
-    // One thread: every statement of the calls below is sent from here.
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
+    (counted, guard, rt)
+}
+
+#[test]
+fn a_hit_is_one_statement_a_miss_two_and_a_batch_one() {
+    let (counted, _guard, rt) = counting();
     rt.block_on(async {
         let Some(store) = support::store().await else {
             return;
@@ -176,13 +186,7 @@ fn the_first_statement_follows_recent_begins_and_every_answer_stays_exact() {
         Store,
     };
 
-    let counted = Statements::default();
-    let _guard =
-        tracing::subscriber::set_default(tracing_subscriber::registry().with(counted.clone()));
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let (counted, _guard, rt) = counting();
     rt.block_on(async {
         let Some(store) = support::store().await else {
             return;
@@ -322,5 +326,68 @@ fn the_first_statement_follows_recent_begins_and_every_answer_stays_exact() {
         counted.take();
         reserve(fresh(), long).await;
         assert_eq!(counted.take(), 2, "a first delivery after replays");
+    });
+}
+
+/// 64 concurrent first deliveries: with coalescing (the default) the calls that queue behind
+/// the two statements of each kind on the wire go out together, far fewer statements than
+/// the 128 a miss each costs alone; with it off, exactly 128. Every call runs its action
+/// once either way.
+#[test]
+fn concurrent_misses_share_statements_unless_coalescing_is_off() {
+    use std::sync::atomic::AtomicU32;
+
+    use idemkit_postgres::PgStore;
+
+    let (counted, _guard, rt) = counting();
+    rt.block_on(async {
+        let Some(pool) = support::pool().await else {
+            return;
+        };
+        support::store().await.expect("migrated");
+        for coalesce in [true, false] {
+            let store = PgStore::builder()
+                .schema("idemkit_test")
+                .table("records")
+                .coalesce(coalesce)
+                .build(pool.clone())
+                .unwrap();
+            let c = Coordinator::new(store);
+            let op = Operation::new("concurrent").unwrap();
+            let ran = Arc::new(AtomicU32::new(0));
+            // Warm up the pool's connections (sqlx prepares each statement once per
+            // connection), then count.
+            for round in 0..2 {
+                counted.take();
+                let calls: Vec<_> = (0..64)
+                    .map(|_| {
+                        let (c, op, ran) = (c.clone(), op.clone(), ran.clone());
+                        tokio::spawn(async move {
+                            let key = Key::new(format!("c-{:x}", fastrand::u64(..))).unwrap();
+                            c.call(&op, &key)
+                                .run(|_| async move {
+                                    ran.fetch_add(1, Ordering::SeqCst);
+                                    Ok::<_, std::io::Error>(1)
+                                })
+                                .await
+                                .unwrap()
+                                .source
+                        })
+                    })
+                    .collect();
+                for call in calls {
+                    assert_eq!(call.await.unwrap(), Source::Fresh);
+                }
+                let n = counted.take();
+                if round == 1 {
+                    if coalesce {
+                        assert!(n <= 16, "{n} statements for 64 coalesced misses");
+                    } else {
+                        assert_eq!(n, 128, "two statements per miss");
+                    }
+                }
+            }
+            assert_eq!(ran.load(Ordering::SeqCst), 128);
+        }
     });
 }

@@ -1,0 +1,278 @@
+//! Coalescing: concurrent `begin`s (and `complete`s) queued behind the two running ones go
+//! out as one statement. Each test builds its store on a pool of one connection and holds
+//! that connection while the calls arrive: the first two calls take the two slots and wait
+//! for the connection, the rest queue, and releasing it lets everything go at once, so
+//! what queued is known, not a matter of timing.
+
+mod support;
+
+use std::time::Duration;
+
+use idemkit_core::{
+    BeginRequest, Claim, CompleteRequest, OwnerToken, Ownership, RecordState, ResultKind,
+    StorageKey, Store, StoreErrorKind,
+};
+use idemkit_postgres::PgStore;
+use sqlx::PgPool;
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::PgPoolOptions;
+use tokio::task::JoinHandle;
+
+/// A store on a pool of one connection, that connection held, and a second pool to look
+/// at the table with.
+async fn held(coalesce: bool) -> Option<(PgStore, PoolConnection<sqlx::Postgres>, PgPool)> {
+    let look = support::pool().await?;
+    // Migrated through the other pool, so the one connection is free to be held.
+    support::store().await?;
+    let one = PgPoolOptions::new()
+        .max_connections(1)
+        .test_before_acquire(false)
+        .connect(&support::url())
+        .await
+        .unwrap();
+    let store = PgStore::builder()
+        .schema("idemkit_test")
+        .table("records")
+        .recheck(Duration::from_secs(60))
+        .coalesce(coalesce)
+        .build(one.clone())
+        .unwrap();
+    let conn = one.acquire().await.unwrap();
+    Some((store, conn, look))
+}
+
+fn keys(name: &str, n: usize) -> Vec<StorageKey> {
+    (0..n)
+        .map(|i| idemkit_test::unique_key(&format!("{name}-{i:02}")))
+        .collect()
+}
+
+fn spawn_begin(
+    store: &PgStore,
+    key: &StorageKey,
+) -> JoinHandle<Result<Claim, idemkit_core::StoreError>> {
+    let (store, key) = (store.clone(), key.clone());
+    tokio::spawn(async move {
+        store
+            .begin(&BeginRequest::new(
+                &key,
+                OwnerToken::random(),
+                Duration::from_secs(30),
+            ))
+            .await
+    })
+}
+
+/// Lets the spawned calls reach their lane (they do no I/O before it).
+async fn settle() {
+    tokio::time::sleep(Duration::from_millis(200)).await;
+}
+
+async fn distinct_clocks(look: &PgPool, keys: &[StorageKey]) -> i64 {
+    let keys: Vec<&str> = keys.iter().map(StorageKey::as_str).collect();
+    sqlx::query_scalar(
+        "SELECT count(DISTINCT created_at) FROM idemkit_test.records WHERE key = ANY($1)",
+    )
+    .bind(&keys)
+    .fetch_one(look)
+    .await
+    .unwrap()
+}
+
+fn reserved(claim: Result<Claim, idemkit_core::StoreError>) -> Ownership {
+    match claim.unwrap() {
+        Claim::Reserved { ownership, .. } => ownership,
+        other => panic!("expected a reservation, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_begins_go_out_as_one_statement_and_a_store_without_coalescing_sends_each() {
+    for coalesce in [true, false] {
+        let Some((store, conn, look)) = held(coalesce).await else {
+            return;
+        };
+        let keys = keys("one-statement", 12);
+        let calls: Vec<_> = keys.iter().map(|k| spawn_begin(&store, k)).collect();
+        settle().await;
+        drop(conn);
+        for call in calls {
+            reserved(call.await.unwrap());
+        }
+        // A statement reads the clock once for all its rows (`begin_many`'s `now`): two
+        // calls sent alone, then one batch of the ten that queued.
+        let clocks = distinct_clocks(&look, &keys).await;
+        if coalesce {
+            assert_eq!(clocks, 3, "two lone begins and one batch");
+        } else {
+            assert_eq!(clocks, 12, "one statement per begin");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_call_whose_caller_left_is_never_sent() {
+    let Some((store, conn, look)) = held(true).await else {
+        return;
+    };
+    let keys = keys("caller-left", 8);
+    // The first two take the slots (and wait for the connection); the rest queue.
+    let mut calls: Vec<_> = keys[..2].iter().map(|k| spawn_begin(&store, k)).collect();
+    settle().await;
+    calls.extend(keys[2..].iter().map(|k| spawn_begin(&store, k)));
+    settle().await;
+    // The callers of the last four (queued) give up, as a timeout would drop them.
+    for call in &calls[4..] {
+        call.abort();
+    }
+    settle().await;
+    drop(conn);
+    for (i, call) in calls.into_iter().enumerate() {
+        match call.await {
+            Ok(claim) => {
+                assert!(i < 4, "call {i} was aborted");
+                reserved(claim);
+            }
+            Err(e) => assert!(e.is_cancelled() && i >= 4, "call {i}: {e}"),
+        }
+    }
+    for (i, key) in keys.iter().enumerate() {
+        let held = store.get(key).await.unwrap().is_some();
+        assert_eq!(held, i < 4, "key {i}: reserved for nobody");
+    }
+    assert_eq!(distinct_clocks(&look, &keys[..4]).await, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_duplicates_in_the_queue_are_answered_one_after_the_other() {
+    let Some((store, conn, _look)) = held(true).await else {
+        return;
+    };
+    let fill = keys("dup-fill", 2);
+    let key = &keys("dup", 1)[0];
+    let mut calls: Vec<_> = fill.iter().map(|k| spawn_begin(&store, k)).collect();
+    settle().await;
+    // Three callers of one key, queued together: one statement cannot reserve a row twice.
+    let dups: Vec<_> = (0..3).map(|_| spawn_begin(&store, key)).collect();
+    settle().await;
+    drop(conn);
+    for call in calls.drain(..) {
+        reserved(call.await.unwrap());
+    }
+    let mut claims = Vec::new();
+    for call in dups {
+        claims.push(call.await.unwrap().unwrap());
+    }
+    let won = claims
+        .iter()
+        .filter(|c| matches!(c, Claim::Reserved { .. }))
+        .count();
+    let waiting = claims
+        .iter()
+        .filter(|c| matches!(c, Claim::InFlight { .. }))
+        .count();
+    assert_eq!((won, waiting), (1, 2), "{claims:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_batch_gives_every_caller_its_typed_error() {
+    let Some(look) = support::pool().await else {
+        return;
+    };
+    let schema = format!("idemkit_nomigrate_{:x}", fastrand::u32(..));
+    let one = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&support::url())
+        .await
+        .unwrap();
+    // Never migrated: every statement fails, the batch's as well as the lone ones'.
+    let store = PgStore::builder()
+        .schema(&schema)
+        .build(one.clone())
+        .unwrap();
+    let conn = one.acquire().await.unwrap();
+    let keys = keys("failed-batch", 6);
+    let calls: Vec<_> = keys.iter().map(|k| spawn_begin(&store, k)).collect();
+    settle().await;
+    drop(conn);
+    for call in calls {
+        let e = call.await.unwrap().unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Rejected, "{e}");
+        assert!(e.to_string().contains("migrate()"), "{e}");
+    }
+    drop(look);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_completions_store_wake_their_waiters_and_refuse_a_stale_owner() {
+    let Some((store, conn, _look)) = held(true).await else {
+        return;
+    };
+    drop(conn);
+    let keys = keys("complete-batch", 6);
+    let mut owners = Vec::new();
+    for k in &keys {
+        owners.push(reserved(spawn_begin(&store, k).await.unwrap()));
+    }
+    // A waiter on key 2 (through a store of its own pool, as another process's), which
+    // only a notification wakes within the test (re-check 60 s).
+    let other = PgStore::builder()
+        .schema("idemkit_test")
+        .table("records")
+        .recheck(Duration::from_secs(60))
+        .build(support::pool().await.unwrap())
+        .unwrap();
+    let waiter = {
+        let (other, key, seen) = (other.clone(), keys[2].clone(), owners[2].fencing);
+        tokio::spawn(async move { other.wait(&key, seen, Duration::from_secs(60)).await })
+    };
+    // Until it has flagged the row (its completion must notify).
+    for _ in 0..100 {
+        if other.waiting_keys() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    settle().await;
+    let conn = store.pool().acquire().await.unwrap();
+    // Key 5's completion comes from a stale owner (a fencing token not the row's).
+    owners[5] = Ownership::new(owners[5].owner, idemkit_core::FencingToken::new(1));
+    let calls: Vec<_> = keys
+        .iter()
+        .zip(&owners)
+        .map(|(k, o)| {
+            let (store, key, o) = (store.clone(), k.clone(), *o);
+            tokio::spawn(async move {
+                let req = CompleteRequest::new(
+                    ResultKind::Value,
+                    bytes::Bytes::from_static(b"done"),
+                    Duration::from_secs(60),
+                );
+                store.complete(&key, &o, &req).await
+            })
+        })
+        .collect();
+    settle().await;
+    drop(conn);
+    for (i, call) in calls.into_iter().enumerate() {
+        let done = call.await.unwrap();
+        if i == 5 {
+            assert!(done.unwrap_err().is_lease_lost());
+        } else {
+            done.unwrap();
+        }
+    }
+    tokio::time::timeout(Duration::from_secs(20), waiter)
+        .await
+        .expect("the waiter was not notified")
+        .unwrap()
+        .unwrap();
+    for (i, k) in keys.iter().enumerate() {
+        let state = store.get(k).await.unwrap().unwrap().state;
+        assert_eq!(
+            matches!(state, RecordState::Completed(_)),
+            i != 5,
+            "key {i}: {state:?}"
+        );
+    }
+}
