@@ -54,6 +54,9 @@
 #![forbid(unsafe_code)]
 
 #[doc(hidden)]
+#[path = "sql.rs"]
+pub mod __sql;
+#[doc(hidden)]
 #[path = "sync.rs"]
 pub mod __sync;
 pub mod clock;

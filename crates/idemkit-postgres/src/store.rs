@@ -5,15 +5,17 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idemkit_core::{
-    BeginRequest, Claim, CompleteRequest, FencingToken, Ownership, RawStore, Record, RecordState,
-    Replay, StorageKey, Store, StoreError,
+    BeginRequest, Claim, CompleteRequest, FencingToken, Ownership, RawStore, Record, StorageKey,
+    Store, StoreError,
 };
 use sqlx::{PgConnection, PgPool, Row as _};
+
+use idemkit_core::__sql::Columns;
 
 use crate::batch::{BeginJob, CompleteJob, Kind, Lanes, Slot};
 use crate::builder::PgStoreBuilder;
 use crate::coalesce::{Entered, Reply, dropped};
-use crate::errors::{Checked, Row, map_err, read_record};
+use crate::errors::{map_err, read_record};
 use crate::guess::{Guess, Guesser};
 use crate::names::Table;
 use crate::sql::Statements;
@@ -366,36 +368,11 @@ impl PgStore {
         }
         let left_us: i64 = row.try_get(at + 8).map_err(get)?;
         let held_us: i64 = row.try_get(at + 9).map_err(get)?;
-        let checked = Row {
-            version: row.try_get(at + 1).map_err(get)?,
-            state: row.try_get(at + 2).map_err(get)?,
-            owner: row.try_get(at + 3).map_err(get)?,
-            fencing,
-            fingerprint: row.try_get(at + 5).map_err(get)?,
-            kind: row.try_get(at + 6).map_err(get)?,
-            result: row.try_get(at + 7).map_err(get)?,
-        }
-        .check(req.key)?;
-        Ok(match checked {
-            Checked::Reserved { fingerprint, .. } | Checked::Completed { fingerprint, .. }
-                if fingerprint != req.fingerprint =>
-            {
-                Claim::Mismatch
-            }
-            Checked::Completed {
-                fencing, result, ..
-            } => Claim::Replay(Replay::new(fencing, result)),
-            // Ours already: this begin was sent twice.
-            Checked::Reserved { owner, fencing, .. } if owner == req.owner => Claim::Reserved {
-                ownership: Ownership::new(owner, fencing),
-                took_over: false,
-            },
-            Checked::Reserved { fencing, .. } => Claim::InFlight {
-                retry_after: duration_us(left_us),
-                fencing,
-                held_for: Some(duration_us(held_us)),
-            },
-        })
+        // The row's columns start after `mine` (the first column of `begin`'s shape).
+        let checked = crate::errors::columns(row, at + 1)
+            .map_err(get)?
+            .check(req.key)?;
+        Ok(checked.claim(req, duration_us(left_us), duration_us(held_us)))
     }
 }
 
@@ -721,46 +698,28 @@ impl RawStore for PgStore {
         bytes: Bytes,
         ttl: Duration,
     ) -> Result<(), StoreError> {
-        let q = sqlx::query(&self.inner.sql.put_raw).bind(key.as_str());
-        let q = match Record::decode(&bytes) {
-            Ok(r) => {
-                // Keep the fencing sequence above anything written by hand: tokens of
-                // later reservations must still increase (as on every store).
-                sqlx::query(&self.inner.sql.advance_fencing)
-                    .bind(fencing_i64(r.fencing))
-                    .fetch_optional(&self.inner.pool)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                let (state, kind, result) = match r.state {
-                    RecordState::Reserved => (1i16, None, None),
-                    RecordState::Completed(o) => (
-                        2,
-                        Some(i16::from(o.kind().to_byte())),
-                        Some(o.bytes().to_vec()),
-                    ),
-                    _ => (0, None, None),
-                };
-                q.bind(1i16)
-                    .bind(state)
-                    .bind(r.owner.as_u128().to_be_bytes().to_vec())
-                    .bind(fencing_i64(r.fencing))
-                    .bind(r.fingerprint.map(|f| f.to_bytes().to_vec()))
-                    .bind(micros(ttl))
-                    .bind(kind)
-                    .bind(result)
-                    .bind(r.holder.as_ref().map(|h| h.block(r.lease_ms.unwrap_or(0))))
-            }
-            Err(_) => q
-                .bind(0i16)
-                .bind(0i16)
-                .bind(vec![0u8; 16])
-                .bind(0i64)
-                .bind(None::<Vec<u8>>)
-                .bind(micros(ttl))
-                .bind(None::<i16>)
-                .bind(Some(bytes.to_vec()))
-                .bind(None::<Vec<u8>>),
-        };
+        let written = Columns::written(&bytes);
+        if let Some(fencing) = written.fencing {
+            // Keep the fencing sequence above anything written by hand: tokens of later
+            // reservations must still increase (as on every store).
+            sqlx::query(&self.inner.sql.advance_fencing)
+                .bind(fencing_i64(fencing))
+                .fetch_optional(&self.inner.pool)
+                .await
+                .map_err(|e| self.err(e))?;
+        }
+        let c = written.columns;
+        let q = sqlx::query(&self.inner.sql.put_raw)
+            .bind(key.as_str())
+            .bind(c.version)
+            .bind(c.state)
+            .bind(c.owner)
+            .bind(c.fencing)
+            .bind(c.fingerprint)
+            .bind(micros(ttl))
+            .bind(c.kind)
+            .bind(c.result)
+            .bind(written.holder);
         q.execute(&self.inner.pool).await.map_err(|e| self.err(e))?;
         Ok(())
     }

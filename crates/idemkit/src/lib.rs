@@ -5,6 +5,7 @@
 //! - `redis`: the module `redis` re-exports `idemkit-redis` (`RedisStore`).
 //! - `postgres`: the module `postgres` re-exports `idemkit-postgres` (`PgStore`, `Inbox`,
 //!   `TxCall`).
+//! - `mysql`: the module `mysql` re-exports `idemkit-mysql` (`MySqlStore`).
 //! - `kafka`: the module `kafka` re-exports `idemkit-kafka` (`KafkaRunner`).
 //! - `nats`: the module `nats` re-exports `idemkit-nats` (`JetStreamRunner`).
 //! - `tower`: the module `tower` re-exports `idemkit-tower` (`IdempotencyLayer`).
@@ -29,6 +30,12 @@ pub mod redis {
 #[cfg(feature = "postgres")]
 pub mod postgres {
     pub use idemkit_postgres::*;
+}
+
+/// The MySQL and MariaDB store: `idemkit-mysql`.
+#[cfg(feature = "mysql")]
+pub mod mysql {
+    pub use idemkit_mysql::*;
 }
 
 /// The Kafka consumer runner: `idemkit-kafka`.

@@ -1,0 +1,19 @@
+//! MySQL and MariaDB for idemkit: [`MySqlStore`], the idemkit [`Store`](idemkit_core::Store)
+//! on an InnoDB table of your database.
+//!
+//! One statement per phase where a first delivery is concerned: a `begin` that reserves is
+//! one `INSERT ... ON DUPLICATE KEY UPDATE` (the reservation, or the takeover of an expired
+//! row, decided by the row's own expiry), a completion one owner-checked `UPDATE`. A `begin`
+//! that meets a live row reads it with a second statement. Fencing tokens come from the
+//! server's clock in microseconds, never below the row's last token nor a token written by
+//! hand. MySQL has no notifications: a waiter re-reads the row (see
+//! [`MySqlStoreBuilder::recheck`]).
+
+/// The database driver this crate is built on, so an application uses the same version.
+pub use sqlx;
+
+mod row;
+mod sql;
+mod store;
+
+pub use store::{MySqlStore, MySqlStoreBuilder, NameError};

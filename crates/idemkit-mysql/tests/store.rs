@@ -1,0 +1,168 @@
+//! MySqlStore beyond the conformance suite: a missing table, names, a server that is down,
+//! fencing tokens after a record written by hand far ahead of the clock and its purge, and
+//! many callers of one key at once.
+
+mod support;
+
+use std::time::Duration;
+
+use idemkit_core::{
+    BeginRequest, Claim, FencingToken, OwnerToken, RawStore, Record, RecordState, Store,
+    StoreErrorKind,
+};
+use idemkit_mysql::MySqlStore;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_table_is_an_error_that_names_the_migration() {
+    let Some(store) = support::store().await else {
+        return;
+    };
+    let unmigrated = MySqlStore::builder()
+        .table(&format!("idemkit_missing_{:x}", fastrand::u32(..)))
+        .build(store.pool().clone())
+        .unwrap();
+    let key = idemkit_test::unique_key("missing");
+    let e = unmigrated
+        .begin(&BeginRequest::new(
+            &key,
+            OwnerToken::random(),
+            Duration::from_secs(5),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Rejected, "{e}");
+    assert!(e.to_string().contains("MySqlStore::migrate()"), "{e}");
+}
+
+#[tokio::test]
+async fn invalid_names_and_an_unreachable_server_are_typed_errors() {
+    for bad in ["", "Keys", "1keys", "keys;drop", &"k".repeat(49)] {
+        let e = MySqlStore::builder()
+            .table(bad)
+            .connect("mysql://root@127.0.0.1:1/test")
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Other, "{bad:?}: {e}");
+    }
+    let e = MySqlStore::builder()
+        .connect("mysql://root@127.0.0.1:1/test")
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}");
+}
+
+/// A token written by hand far ahead of the server's clock: the next reservation's is above
+/// it, after the row expired, after it was released, and after it was purged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_stay_above_a_hand_written_one_through_release_and_purge() {
+    let Some(store) = support::store().await else {
+        return;
+    };
+    let key = idemkit_test::unique_key("hand-written");
+    // Ten years of microseconds ahead of the server's clock.
+    let now_us: i64 = sqlx::query_scalar("SELECT CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    let written = FencingToken::new(now_us as u64 + 10 * 365 * 86_400 * 1_000_000);
+    let record = Record {
+        state: RecordState::Reserved,
+        owner: OwnerToken::random(),
+        fencing: written,
+        fingerprint: None,
+        created_at_ms: 0,
+        expires_at_ms: 0,
+        holder: None,
+        lease_ms: None,
+    };
+    store
+        .put_raw(&key, record.encode().into(), Duration::from_millis(50))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut last = written;
+    for step in ["after expiry", "after release", "after purge"] {
+        let req = BeginRequest::new(&key, OwnerToken::random(), Duration::from_secs(5));
+        let ownership = match store.begin(&req).await.unwrap() {
+            Claim::Reserved { ownership, .. } => ownership,
+            other => panic!("{step}: {other:?}"),
+        };
+        assert!(
+            ownership.fencing > last,
+            "{step}: the token went back: {:?} after {last:?}",
+            ownership.fencing
+        );
+        last = ownership.fencing;
+        match step {
+            "after expiry" => store.release(&key, &ownership).await.unwrap(),
+            "after release" => assert!(store.purge(&key).await.unwrap()),
+            _ => {}
+        }
+    }
+}
+
+/// 32 callers of one fresh key at once: one reservation, the others see it in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_of_many_concurrent_callers_reserves() {
+    let Some(store) = support::store().await else {
+        return;
+    };
+    let key = idemkit_test::unique_key("race");
+    let calls: Vec<_> = (0..32)
+        .map(|_| {
+            let (store, key) = (store.clone(), key.clone());
+            tokio::spawn(async move {
+                store
+                    .begin(&BeginRequest::new(
+                        &key,
+                        OwnerToken::random(),
+                        Duration::from_secs(5),
+                    ))
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut reserved = 0;
+    for call in calls {
+        match call.await.unwrap() {
+            Claim::Reserved { .. } => reserved += 1,
+            Claim::InFlight { .. } => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(reserved, 1);
+}
+
+/// A record written by hand with a token the store cannot answer (above 2^62 - 1) is refused
+/// before anything is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_too_large_to_keep_is_refused() {
+    let Some(store) = support::store().await else {
+        return;
+    };
+    let key = idemkit_test::unique_key("huge-token");
+    let record = Record {
+        state: RecordState::Reserved,
+        owner: OwnerToken::random(),
+        fencing: FencingToken::new(1 << 62),
+        fingerprint: None,
+        created_at_ms: 0,
+        expires_at_ms: 0,
+        holder: None,
+        lease_ms: None,
+    };
+    let e = store
+        .put_raw(&key, record.encode().into(), Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Rejected, "{e}");
+    assert_eq!(store.get(&key).await.unwrap(), None);
+    // And the store still reserves fresh keys.
+    let fresh = idemkit_test::unique_key("after-huge-token");
+    let req = BeginRequest::new(&fresh, OwnerToken::random(), Duration::from_secs(5));
+    assert!(matches!(
+        store.begin(&req).await.unwrap(),
+        Claim::Reserved { .. }
+    ));
+}
