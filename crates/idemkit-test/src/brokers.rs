@@ -1,5 +1,6 @@
 //! The brokers the runners' tests talk to, started once per test binary when the
-//! environment names none: a Kafka-protocol broker (tansu) and nats-server with JetStream.
+//! environment names none: a Kafka-protocol broker (tansu) and nats-server with JetStream;
+//! RabbitMQ is the machine's ([`rabbitmq`]).
 //! `scripts/test` starts both and sets `IDEMKIT_KAFKA_BROKERS` and `IDEMKIT_NATS_URL`; a
 //! test binary run on its own starts its own, on a free loopback port. With `CI` set, a
 //! broker that cannot be had fails the test ([`require_service`](crate::require_service)).
@@ -79,6 +80,138 @@ pub fn nats() -> Option<String> {
         found.is_some(),
     );
     found.filter(|_| up)
+}
+
+/// RabbitMQ's URI, in lapin's form (`amqp://guest:guest@127.0.0.1:5672/%2f`):
+/// `IDEMKIT_AMQP_URL` (Celery's `…//` form is read as the vhost `/`), or the machine's on
+/// 127.0.0.1:5672 with guest/guest, which `scripts/test` starts if it is down. `None` (a
+/// skip) only without `CI`.
+///
+/// # Example
+///
+/// ```no_run
+/// let Some(uri) = idemkit_test::brokers::rabbitmq() else { return };
+/// # let _ = uri;
+/// ```
+pub fn rabbitmq() -> Option<String> {
+    static URI: OnceLock<Option<String>> = OnceLock::new();
+    let found = URI
+        .get_or_init(|| {
+            let uri = std::env::var("IDEMKIT_AMQP_URL")
+                .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_string());
+            let uri = match uri.strip_suffix("//") {
+                Some(base) => format!("{base}/%2f"),
+                None => uri,
+            };
+            let authority = uri.split("://").nth(1)?.split('/').next()?;
+            let host = authority.rsplit('@').next()?;
+            let host = if host.contains(':') {
+                host.to_string()
+            } else {
+                format!("{host}:5672")
+            };
+            let up = std::net::TcpStream::connect(host).is_ok();
+            up.then_some(uri)
+        })
+        .clone();
+    let up = crate::require_service(
+        "RabbitMQ (IDEMKIT_AMQP_URL or 127.0.0.1:5672)",
+        found.is_some(),
+    );
+    found.filter(|_| up)
+}
+
+/// A RabbitMQ node of this test binary's own whose `consumer_timeout` is 2 s (checked every
+/// half second), for a test of a handler that outlives it: the machine's broker keeps its
+/// 30 minutes, which no other test should lose. Started once per test binary from the
+/// installed `rabbitmq-server` (`RABBITMQ_SERVER` names another), on a free loopback port,
+/// with its files in a temporary directory, under `timeout` (so it ends even if the test
+/// process dies). `IDEMKIT_AMQP_TIMEOUT_URL` names one instead. `None` (a skip) only
+/// without `CI`.
+///
+/// # Example
+///
+/// ```no_run
+/// let Some(uri) = idemkit_test::brokers::rabbitmq_consumer_timeout() else { return };
+/// # let _ = uri;
+/// ```
+pub fn rabbitmq_consumer_timeout() -> Option<String> {
+    static URI: OnceLock<Option<String>> = OnceLock::new();
+    let found = URI
+        .get_or_init(|| {
+            std::env::var("IDEMKIT_AMQP_TIMEOUT_URL")
+                .ok()
+                .or_else(rabbitmq_node)
+        })
+        .clone();
+    let up = crate::require_service(
+        "a RabbitMQ node with a short consumer_timeout (rabbitmq-server, or IDEMKIT_AMQP_TIMEOUT_URL)",
+        found.is_some(),
+    );
+    found.filter(|_| up)
+}
+
+fn rabbitmq_node() -> Option<String> {
+    let bin = std::env::var("RABBITMQ_SERVER").ok().unwrap_or_else(|| {
+        // Debian's /usr/sbin wrapper would run it as the rabbitmq user, who cannot write
+        // this process's temporary directory.
+        let direct = "/usr/lib/rabbitmq/bin/rabbitmq-server";
+        if std::path::Path::new(direct).exists() {
+            direct.into()
+        } else {
+            "rabbitmq-server".into()
+        }
+    });
+    let free = || -> Option<u16> {
+        Some(
+            TcpListener::bind("127.0.0.1:0")
+                .ok()?
+                .local_addr()
+                .ok()?
+                .port(),
+        )
+    };
+    let (port, dist) = (free()?, free()?);
+    let dir = std::env::temp_dir().join(format!("idemkit-rabbitmq-{port}"));
+    std::fs::create_dir_all(&dir).ok()?;
+    std::fs::write(
+        dir.join("rabbitmq.conf"),
+        format!("listeners.tcp.default = 127.0.0.1:{port}\nconsumer_timeout = 2000\n"),
+    )
+    .ok()?;
+    // The channel checks its deliveries' age on each tick: every minute by default.
+    std::fs::write(
+        dir.join("advanced.config"),
+        "[{rabbit, [{channel_tick_interval, 500}]}].\n",
+    )
+    .ok()?;
+    std::fs::write(dir.join("enabled_plugins"), "[].\n").ok()?;
+    Command::new("timeout")
+        .arg("900")
+        .arg(&bin)
+        .current_dir(&dir)
+        .env("HOME", &dir)
+        .env("RABBITMQ_NODENAME", format!("idemkit-{port}@localhost"))
+        .env("RABBITMQ_NODE_PORT", port.to_string())
+        .env("RABBITMQ_DIST_PORT", dist.to_string())
+        .env("RABBITMQ_CONFIG_FILE", dir.join("rabbitmq.conf"))
+        .env("RABBITMQ_ADVANCED_CONFIG_FILE", dir.join("advanced.config"))
+        .env("RABBITMQ_ENABLED_PLUGINS_FILE", dir.join("enabled_plugins"))
+        .env("RABBITMQ_MNESIA_BASE", dir.join("mnesia"))
+        .env("RABBITMQ_LOG_BASE", dir.join("log"))
+        .env("RABBITMQ_PID_FILE", dir.join("pid"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    // A node takes some seconds to boot (9 s seen on a loaded 2-core machine).
+    for _ in 0..600 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Some(format!("amqp://guest:guest@127.0.0.1:{port}/%2f"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    None
 }
 
 /// What a line of Python prints (where a pip package put its binary).

@@ -8,6 +8,7 @@
 //! - `mysql`: the module `mysql` re-exports `idemkit-mysql` (`MySqlStore`).
 //! - `kafka`: the module `kafka` re-exports `idemkit-kafka` (`KafkaRunner`).
 //! - `nats`: the module `nats` re-exports `idemkit-nats` (`JetStreamRunner`).
+//! - `rabbitmq`: the module `rabbitmq` re-exports `idemkit-rabbitmq` (`RabbitRunner`).
 //! - `tower`: the module `tower` re-exports `idemkit-tower` (`IdempotencyLayer`).
 //! - `http`: the module `http` re-exports `idemkit-http` (the `Idempotency-Key` layer).
 #![forbid(unsafe_code)]
@@ -48,6 +49,12 @@ pub mod kafka {
 #[cfg(feature = "nats")]
 pub mod nats {
     pub use idemkit_nats::*;
+}
+
+/// The RabbitMQ runner: `idemkit-rabbitmq`.
+#[cfg(feature = "rabbitmq")]
+pub mod rabbitmq {
+    pub use idemkit_rabbitmq::*;
 }
 
 /// The idempotency layer for job services: `idemkit-tower`.

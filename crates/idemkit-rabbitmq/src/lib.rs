@@ -1,0 +1,507 @@
+//! A RabbitMQ runner for idemkit: give it the broker's URI, a queue and a [`Processor`] (the
+//! effect's key from the message, your handler as the action) and it consumes with manual
+//! acks, the effect once.
+//!
+//! RabbitMQ delivers again whatever a consumer did not acknowledge: a worker that dies
+//! between its effect and its ack, a channel closed because a delivery outlived the
+//! broker's `consumer_timeout`, a lost connection. The runner acknowledges a message only
+//! after its result is stored under the effect's key, so every such redelivery replays the
+//! result instead of repeating the effect.
+//!
+//! What the runner does:
+//!
+//! - **Manual acks, from one table** ([`idemkit_runner`]): `Ack` → `basic.ack`; `DeadLetter`
+//!   → published to the [dead-letter exchange](RabbitRunner::dead_letter_exchange) and
+//!   confirmed by the broker, then `basic.ack`, so a dead letter is never lost; without one,
+//!   `basic.reject` without requeue (the queue's own `x-dead-letter-exchange` takes it, if
+//!   it has one; otherwise the broker drops it, and the runner logs it at `error`).
+//!   `Retry` is retried in process, as every idemkit runner does: a failing handler after
+//!   the backoff, a store outage after the backoff without counting, a concurrent duplicate
+//!   as soon as the owner's key is free (pushed by the store). A handler that panics is a
+//!   failing handler.
+//! - **The broker's delivery count is left alone.** Nothing is requeued to be retried, so
+//!   retries never use up a quorum queue's `x-delivery-limit`; a message goes back to its
+//!   queue only when the runner shuts down mid-retry (`basic.nack` with requeue), when a
+//!   dead letter could not be published (after a second's pause), or when its channel is
+//!   gone (the broker requeues it). Set `x-delivery-limit` above one only as the last resort
+//!   against a message that crashes its worker every time.
+//! - **Concurrency and prefetch.** Up to [`concurrency`](RabbitRunner::concurrency)
+//!   handlers run at once (16 by default); the channel's prefetch
+//!   ([`prefetch`](RabbitRunner::prefetch), by default the same number) bounds how many
+//!   unacknowledged messages the broker hands this runner. A handler that returned a value
+//!   gives its place to the next message while its result is stored and its message acked.
+//! - **A redelivery of a message that is still running** (another worker's, whose channel
+//!   the broker closed) finds the key reserved and waits for the owner's result, woken by
+//!   the store's push, then acks with the replayed receipt; the owner's own ack fails, which
+//!   the runner logs. The lease is renewed while the owner runs, however long.
+//! - **A lost connection, a closed channel, a cancelled consumer**: the runner connects
+//!   again (backing off from 100 ms to 5 s) and consumes again; the handlers running on
+//!   the old connection finish and store their results, and their messages, which the
+//!   broker requeued when the connection went, replay. Nothing is acknowledged that was not
+//!   settled: an acknowledgement is sent only with a final settlement, on the channel the
+//!   message came on.
+//! - **Shutdown.** [`RabbitRunner::run`] stops consuming when its `shutdown` future
+//!   completes (the consumer is cancelled), lets the running handlers finish and settle,
+//!   then closes its channel and connection: messages received but not started go back to
+//!   the queue.
+//!
+//! [`Message::delivered`] is what the `on_settled` hook shows as the delivery: a quorum
+//! queue's `x-delivery-count` + 1, or on a classic queue 1 for a first delivery and 2 for
+//! any redelivery.
+//!
+//! Tested with RabbitMQ 3.10 (classic and quorum queues). lapin, the AMQP client, is
+//! re-exported ([`lapin`]); this crate builds it without TLS: for `amqps://`, enable
+//! lapin's `rustls` or `native-tls` feature in your own manifest.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use idemkit_core::{Coordinator, Key, MemoryStore, Operation};
+//! use idemkit_rabbitmq::{Message, RabbitRunner};
+//! use idemkit_runner::Processor;
+//!
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! // A RedisStore or PgStore in production: the key must outlive the worker.
+//! let processor = Processor::builder(Coordinator::new(MemoryStore::new()), Operation::new("mail.invoice")?)
+//!     // The effect: this order's invoice, not the delivery.
+//!     .key(|m: &Message| Key::compose([m.text().unwrap_or(""), "invoice"]))
+//!     .handler(|m: Message, _attempt| async move { Ok::<_, std::io::Error>(format!("em_{}", m.data.len())) });
+//! RabbitRunner::new("amqp://guest:guest@127.0.0.1:5672/%2f", "orders.paid", processor)
+//!     .dead_letter_exchange("orders.dead", None)
+//!     .run(async { let _ = tokio::signal::ctrl_c().await; })
+//!     .await?;
+//! # Ok(()) }
+//! ```
+#![forbid(unsafe_code)]
+
+mod dead_letter;
+mod message;
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use idemkit_core::{Key, KeyError, Store};
+use idemkit_runner::{Settler, Transport};
+/// The AMQP client this crate is built on, so an application declares its queues with the
+/// same version as the runner without naming it in its manifest.
+pub use lapin;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, BasicRejectOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{Acker, Channel, Connection, ConnectionProperties};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+use crate::dead_letter::{DeadLetter, Publisher};
+pub use crate::message::Message;
+pub use idemkit_runner::{Handle, Processed, Processor, RetryPolicy, Settlement};
+
+/// Why a runner could not start: the first connection, its channel, its prefetch or its
+/// consumer was refused (a wrong URI or credentials, a missing queue). Once it consumes, a
+/// lost connection is not an error: the runner connects again.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunnerError {
+    /// The broker, or the way to it, refused.
+    #[error("rabbitmq: {0}")]
+    Connect(#[from] lapin::Error),
+}
+
+/// What the [`on_settled`](RabbitRunner::on_settled) hook is shown: one settled message,
+/// before its ack (`delivered`: [`Message::delivered`]; retries in process do not change
+/// it).
+pub type Settled<'a, T> = idemkit_runner::Settled<'a, Message, T>;
+
+/// The RabbitMQ runner. See the [crate docs](crate).
+pub struct RabbitRunner<S, K, H: Handle<Message>> {
+    uri: String,
+    properties: ConnectionProperties,
+    queue: String,
+    settler: Settler<S, K, H, Message>,
+    concurrency: u16,
+    prefetch: Option<u16>,
+    dead_letter: Option<DeadLetter>,
+}
+
+impl<S: fmt::Debug, K, H: Handle<Message>> fmt::Debug for RabbitRunner<S, K, H> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RabbitRunner")
+            .field("queue", &self.queue)
+            .field("settler", &self.settler)
+            .field("concurrency", &self.concurrency)
+            .field("prefetch", &self.prefetch)
+            .field("dead_letter", &self.dead_letter)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What every delivery's task shares.
+struct Shared<S, K, H: Handle<Message>> {
+    settler: Settler<S, K, H, Message>,
+    queue: String,
+    dead_letter: Option<DeadLetter>,
+    /// Set when the runner shuts down: retries in process stop.
+    stopping: AtomicBool,
+}
+
+/// One connection and the channel a consumer runs on. Every delivery's task holds it, so
+/// the channel stays open until the last message received on it is settled (dropping the
+/// last handle closes the channel and the connection: what is unacknowledged goes back to
+/// the queue).
+struct Session {
+    connection: Connection,
+    /// Held so that the channel lives as long as its deliveries' tasks.
+    _channel: Channel,
+    publisher: Publisher,
+}
+
+impl<S, K, H> RabbitRunner<S, K, H>
+where
+    S: Store + Send + Sync + 'static,
+    K: Fn(&Message) -> Result<Key, KeyError> + Send + Sync + 'static,
+    H: Handle<Message> + 'static,
+{
+    /// A runner that consumes `queue` (which must exist) on the broker at `uri`
+    /// (`amqp://user:password@host:port/vhost`, the vhost URL-encoded: `%2f` for `/`).
+    pub fn new(
+        uri: impl Into<String>,
+        queue: impl Into<String>,
+        processor: Processor<S, K, H>,
+    ) -> Self {
+        RabbitRunner {
+            uri: uri.into(),
+            properties: ConnectionProperties::default(),
+            queue: queue.into(),
+            settler: Settler::new(processor),
+            concurrency: 16,
+            prefetch: None,
+            dead_letter: None,
+        }
+    }
+
+    /// The connection's properties (a connection name, an auth provider), instead of
+    /// lapin's defaults.
+    pub fn connection_properties(mut self, properties: ConnectionProperties) -> Self {
+        self.properties = properties;
+        self
+    }
+
+    /// How many handlers run at once (16 by default, at least 1).
+    pub fn concurrency(mut self, n: u16) -> Self {
+        self.concurrency = n.max(1);
+        self
+    }
+
+    /// The channel's prefetch: how many unacknowledged messages the broker hands this
+    /// runner at once (by default the concurrency; at least the concurrency). A larger one
+    /// lets the next messages wait in the runner while results are stored and acked; each
+    /// waits with the broker's `consumer_timeout` running.
+    pub fn prefetch(mut self, n: u16) -> Self {
+        self.prefetch = Some(n);
+        self
+    }
+
+    /// Publishes every dead-lettered message to `exchange` (with `routing_key`, or the
+    /// message's own if `None`), mandatory and on a channel in confirm mode, and acks the
+    /// original only once the broker confirmed the copy and routed it to a queue. The copy
+    /// keeps the original properties and headers, beside `idemkit-error` (why),
+    /// `idemkit-queue`, `idemkit-exchange` and `idemkit-routing-key` (where from). A copy
+    /// that cannot be stored (no such exchange, no queue bound) is logged and the original
+    /// goes back to the queue after a second: it is never lost. Without one, a dead letter
+    /// is rejected without requeue (see the [crate docs](crate)).
+    pub fn dead_letter_exchange(
+        mut self,
+        exchange: impl Into<String>,
+        routing_key: Option<String>,
+    ) -> Self {
+        self.dead_letter = Some(DeadLetter {
+            exchange: exchange.into(),
+            routing_key,
+        });
+        self
+    }
+
+    /// Called with every settled message, before its ack: for logging, metrics and
+    /// tests. A hook that panics makes it a failure of the message, as in every runner
+    /// ([`Settler::on_settled`](idemkit_runner::Settler::on_settled)): processed again (a
+    /// replay) until the retry budget is spent, then dead-lettered.
+    pub fn on_settled(
+        mut self,
+        hook: impl Fn(&Settled<'_, H::Output>) + Send + Sync + 'static,
+    ) -> Self {
+        self.settler = self.settler.on_settled(hook);
+        self
+    }
+
+    /// Consumes until `shutdown` completes, then lets the running handlers finish.
+    ///
+    /// # Errors
+    ///
+    /// [`RunnerError`] if the first connection or its consumer is refused. Later losses
+    /// are logged at `warn` and the runner connects again.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), RunnerError> {
+        let prefetch = self
+            .prefetch
+            .unwrap_or(self.concurrency)
+            .max(self.concurrency);
+        let shared = Arc::new(Shared {
+            settler: self.settler,
+            queue: self.queue,
+            dead_letter: self.dead_letter,
+            stopping: AtomicBool::new(false),
+        });
+        // A handler's slot: held while it runs and while it is retried in process; given
+        // back once it returned a value (its result then goes to the store and the message
+        // is acked while the next handler runs), or when its message is settled otherwise.
+        let slots = Arc::new(Semaphore::new(usize::from(self.concurrency)));
+        let mut tasks = JoinSet::new();
+        tokio::pin!(shutdown);
+        let mut first = true;
+        let mut backoff = RECONNECT_FIRST;
+        'connect: loop {
+            let opened = tokio::select! {
+                biased;
+                () = &mut shutdown => break 'connect,
+                opened = open(&self.uri, &self.properties, &shared.queue, prefetch) => opened,
+            };
+            let (session, mut consumer) = match opened {
+                Ok(opened) => opened,
+                Err(e) if first => return Err(e.into()),
+                Err(e) => {
+                    tracing::warn!(error = %e, queue = shared.queue, ?backoff,
+                        "rabbitmq runner: cannot consume; trying again");
+                    tokio::select! {
+                        biased;
+                        () = &mut shutdown => break 'connect,
+                        () = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(RECONNECT_MAX);
+                    continue;
+                }
+            };
+            first = false;
+            backoff = RECONNECT_FIRST;
+            let session = Arc::new(session);
+            loop {
+                let slot = tokio::select! {
+                    biased;
+                    () = &mut shutdown => break 'connect,
+                    slot = slots.clone().acquire_owned() => slot.expect("never closed"),
+                };
+                let delivery = tokio::select! {
+                    biased;
+                    () = &mut shutdown => break 'connect,
+                    d = consumer.next() => d,
+                };
+                match delivery {
+                    Some(Ok(delivery)) => {
+                        let (message, acker) = Message::split(delivery);
+                        let (shared, session) = (shared.clone(), session.clone());
+                        tasks.spawn(async move {
+                            // The slot goes with the handler's value; if none comes (a
+                            // failure retried in place, a replay), with the settlement.
+                            let slot = std::sync::Mutex::new(Some(slot));
+                            let give_back = || {
+                                drop(
+                                    slot.lock()
+                                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                                        .take(),
+                                );
+                            };
+                            handle(&shared, &session, message, acker, give_back).await;
+                            drop(slot);
+                        });
+                    }
+                    Some(Err(e)) => {
+                        // Followed by the stream's end: the channel or connection is gone.
+                        tracing::warn!(error = %e, queue = shared.queue,
+                            "rabbitmq runner: the consumer failed; connecting again");
+                        break;
+                    }
+                    None => {
+                        tracing::warn!(
+                            queue = shared.queue,
+                            "rabbitmq runner: the broker cancelled the consumer; consuming again"
+                        );
+                        break;
+                    }
+                }
+                while tasks.try_join_next().is_some() {}
+            }
+            // The session stays open while its deliveries' tasks hold it.
+            drop((consumer, session));
+            tokio::select! {
+                biased;
+                () = &mut shutdown => break 'connect,
+                () = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(RECONNECT_MAX);
+        }
+        // The consumer was dropped with the loop's state (cancelled: no more deliveries);
+        // retries in process stop (their messages go back to the queue); running handlers
+        // finish, settle and ack on their own channel, which then closes.
+        shared.stopping.store(true, Ordering::SeqCst);
+        while tasks.join_next().await.is_some() {}
+        Ok(())
+    }
+}
+
+/// The first pause before connecting again, doubled up to [`RECONNECT_MAX`].
+const RECONNECT_FIRST: Duration = Duration::from_millis(100);
+const RECONNECT_MAX: Duration = Duration::from_secs(5);
+
+/// A connection, a channel with the prefetch, and a consumer with manual acks on `queue`.
+async fn open(
+    uri: &str,
+    properties: &ConnectionProperties,
+    queue: &str,
+    prefetch: u16,
+) -> lapin::Result<(Session, lapin::Consumer)> {
+    let connection = Connection::connect(uri, properties.clone()).await?;
+    let channel = connection.create_channel().await?;
+    channel
+        .basic_qos(prefetch, BasicQosOptions::default())
+        .await?;
+    let consumer = channel
+        .basic_consume(
+            queue.into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    Ok((
+        Session {
+            connection,
+            _channel: channel,
+            publisher: Publisher::new(),
+        },
+        consumer,
+    ))
+}
+
+async fn handle<S, K, H>(
+    shared: &Shared<S, K, H>,
+    session: &Session,
+    message: Message,
+    acker: Acker,
+    handled: impl FnOnce() + Send,
+) where
+    S: Store + Send + Sync + 'static,
+    K: Fn(&Message) -> Result<Key, KeyError> + Send + Sync + 'static,
+    H: Handle<Message> + 'static,
+{
+    // A retry in place stops when the runner shuts down, and when the message's channel is
+    // gone: the broker has requeued it, and its redelivery is processed afresh.
+    let go_on = || !shared.stopping.load(Ordering::SeqCst) && !acker.poisoned();
+    let transport = Parking {
+        shared,
+        session,
+        acker: &acker,
+    };
+    let first = shared
+        .settler
+        .processor()
+        .process_signalled(&message, None, 1, handled)
+        .await;
+    let settled = shared
+        .settler
+        .settle(&transport, &message, message.delivered(), first, go_on)
+        .await;
+    let (what, sent) = match settled {
+        // Shutting down mid-retry, or the channel is gone: back to the queue.
+        None => ("nack", acker.nack(requeue()).await),
+        Some(settled) => match &settled.processed.settlement {
+            Settlement::Ack => ("ack", acker.ack(BasicAckOptions::default()).await),
+            // The dead letter could not be stored: deliver again rather than lose it, after
+            // a pause so that a broker that refuses it is not asked in a tight loop.
+            Settlement::DeadLetter { .. } if !settled.parked => {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                ("nack", acker.nack(requeue()).await)
+            }
+            // Published to the dead-letter exchange and confirmed: done with.
+            Settlement::DeadLetter { .. } if shared.dead_letter.is_some() => {
+                ("ack", acker.ack(BasicAckOptions::default()).await)
+            }
+            // No exchange of ours: the queue's own dead-lettering, if it has any.
+            Settlement::DeadLetter { .. } => (
+                "reject",
+                acker.reject(BasicRejectOptions { requeue: false }).await,
+            ),
+            // Not reached (retries are in process; Settlement is non-exhaustive).
+            _ => ("nack", acker.nack(requeue()).await),
+        },
+    };
+    match sent {
+        Ok(true) => {}
+        // Its channel closed (the consumer timeout, a lost connection): the broker requeued
+        // the message, and its redelivery replays the stored result.
+        Ok(false) => tracing::warn!(
+            queue = shared.queue,
+            delivery_tag = message.delivery_tag,
+            what,
+            "rabbitmq runner: not sent, the channel is gone; the redelivery replays"
+        ),
+        Err(e) => tracing::warn!(
+            queue = shared.queue,
+            delivery_tag = message.delivery_tag,
+            what,
+            error = %e,
+            "rabbitmq runner: not sent; the redelivery replays"
+        ),
+    }
+}
+
+fn requeue() -> BasicNackOptions {
+    BasicNackOptions {
+        requeue: true,
+        ..BasicNackOptions::default()
+    }
+}
+
+/// RabbitMQ's part of the settle loop: the dead-letter exchange.
+struct Parking<'a, S, K, H: Handle<Message>> {
+    shared: &'a Shared<S, K, H>,
+    session: &'a Session,
+    acker: &'a Acker,
+}
+
+impl<S, K, H> Transport<Message> for Parking<'_, S, K, H>
+where
+    S: Store + Send + Sync + 'static,
+    K: Fn(&Message) -> Result<Key, KeyError> + Send + Sync + 'static,
+    H: Handle<Message> + 'static,
+{
+    async fn dead_letter(&self, message: &Message, reason: &str) -> bool {
+        let queue = &self.shared.queue;
+        let Some(to) = &self.shared.dead_letter else {
+            tracing::error!(
+                queue,
+                delivery_tag = message.delivery_tag,
+                reason,
+                "rabbitmq runner: dead-lettered (rejected without requeue)"
+            );
+            return true;
+        };
+        self.session
+            .publisher
+            .publish(
+                &self.session.connection,
+                to,
+                queue,
+                message,
+                reason,
+                self.acker,
+            )
+            .await
+    }
+
+    fn describe(&self, message: &Message) -> String {
+        format!("{}#{}", self.shared.queue, message.delivery_tag)
+    }
+}
