@@ -204,6 +204,9 @@ pub trait Store: Clone + Send + Sync + 'static {
 /// ```
 pub trait RawStore: Store {
     /// Write `bytes` under the key as they are, replacing whatever is there, kept for `ttl`.
+    ///
+    /// A store may refuse, with [`StoreErrorKind::Rejected`], a record it could not honour
+    /// (MySQL: a fencing token above 2^62 - 1), leaving the key as it was.
     fn put_raw(
         &self,
         key: &StorageKey,
