@@ -22,6 +22,7 @@ mod kafka;
 mod measure;
 mod postgres;
 mod publish;
+mod rabbitmq;
 mod suite;
 
 use measure::{Bench, Row};
@@ -258,6 +259,16 @@ fn main() -> ExitCode {
             }
             Err(e) => {
                 eprintln!("idemkit-bench: JetStream: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    if let Some(uri) = &args.rabbitmq {
+        let messages = args.kafka_messages;
+        match runtime.block_on(rabbitmq::run(uri, &args.store, messages, args.rounds)) {
+            Ok(report) => print!("\n{report}"),
+            Err(e) => {
+                eprintln!("idemkit-bench: RabbitMQ: {e}");
                 return ExitCode::FAILURE;
             }
         }

@@ -58,6 +58,11 @@ pub(crate) struct BenchArgs {
     /// empty handler and a 1 ms one) on this NATS server, e.g. `nats://127.0.0.1:4222`.
     #[arg(long)]
     pub(crate) jetstream: Option<String>,
+    /// Also measure the RabbitMQ runner (idempotency off and idemkit on `--store`; an
+    /// empty handler and a 1 ms one) on this broker, e.g.
+    /// `amqp://guest:guest@127.0.0.1:5672/%2f`.
+    #[arg(long)]
+    pub(crate) rabbitmq: Option<String>,
     /// Also measure the HTTP layer (an axum app with and without it, keys on `--store`).
     #[arg(long)]
     pub(crate) http: bool,
