@@ -1,5 +1,5 @@
 //! One delivery of one message, as a queue worker handles it: mail the invoice of `--key`
-//! under idemkit on a Redis or PostgreSQL store. For the operator's tools: kill it while it
+//! under idemkit on a Redis, PostgreSQL or MySQL store. For the operator's tools: kill it while it
 //! mails (`--work 1h`) and its reservation is stuck until its lease ends; `idemkit list`
 //! shows it, `idemkit release` frees it, and the next delivery runs at once.
 //!
@@ -72,6 +72,13 @@ async fn store(a: &Args) -> Result<DynStore, Box<dyn std::error::Error>> {
     if a.store.starts_with("postgres") {
         let store = idemkit_postgres::PgStore::builder()
             .schema(&a.schema)
+            .max_connections(2)
+            .connect(&a.store)
+            .await?;
+        store.migrate().await?;
+        Ok(DynStore::new(store))
+    } else if a.store.starts_with("mysql") {
+        let store = idemkit_mysql::MySqlStore::builder()
             .max_connections(2)
             .connect(&a.store)
             .await?;

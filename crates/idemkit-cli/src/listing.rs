@@ -322,6 +322,10 @@ fn where_we_looked(store: &StoreArgs, target: &Target) -> String {
             "idemkit: hint: nothing in the table {}.{}; if the services use another (PgStoreBuilder::schema / table), pass the same --schema and --table",
             store.schema, store.table
         ),
+        Target::MySql(_) => format!(
+            "idemkit: hint: nothing in the table {} of the URL's database; if the services use another (MySqlStoreBuilder::table), pass the same --table",
+            store.table
+        ),
     }
 }
 
@@ -659,7 +663,7 @@ pub(crate) async fn survey(
 pub(crate) struct StoreFacts {
     /// Redis: `maxmemory-policy`.
     pub(crate) eviction_policy: Option<String>,
-    /// PostgreSQL: the table's size on disk.
+    /// PostgreSQL and MySQL: the table's size on disk.
     pub(crate) table_bytes: Option<u64>,
 }
 
@@ -673,6 +677,10 @@ pub(crate) async fn store_facts(target: &Target) -> StoreFacts {
             table_bytes: None,
         },
         Target::Postgres(s) => StoreFacts {
+            eviction_policy: None,
+            table_bytes: s.table_bytes().await.ok(),
+        },
+        Target::MySql(s) => StoreFacts {
             eviction_policy: None,
             table_bytes: s.table_bytes().await.ok(),
         },

@@ -1,8 +1,8 @@
 //! The operator's commands on one record: `inspect` it, `release` a stuck reservation; and
 //! [`Target`], the store every operator command talks to. Part of the binary: they print.
 //!
-//! Every command takes the store's URL (`redis://`, `redis+cluster://` or `postgres://`,
-//! with `--prefix`, or `--schema` and `--table`), prints one line per fact (or JSON with
+//! Every command takes the store's URL (`redis://`, `redis+cluster://`, `postgres://` or
+//! `mysql://`, with `--prefix`, or `--schema` and `--table`), prints one line per fact (or JSON with
 //! `--json`), and exits with a code a script can rely on ([`Exit`]). None ever touches a key
 //! outside idemkit's prefix or table: a record is addressed by its operation, scope and key,
 //! and listings only walk the prefix or the table.
@@ -15,6 +15,7 @@ use idemkit_core::{
     FencingToken, Key, KeyError, Operation, Ownership, Record, RecordState, ResultKind, Scope,
     StorageKey, Store, StoreError, StoreErrorKind,
 };
+use idemkit_mysql::MySqlStore;
 use idemkit_postgres::PgStore;
 use idemkit_redis::RedisStore;
 use idemkit_seal::{KeySecret, Sealed};
@@ -54,7 +55,8 @@ impl From<Exit> for ExitCode {
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct StoreArgs {
     /// The store: a `redis://` URL, `redis+cluster://HOST:PORT[,HOST:PORT...]` for a
-    /// Cluster (any of its nodes), or a `postgres://` URL.
+    /// Cluster (any of its nodes), a `postgres://` URL, or a `mysql://` URL (MySQL or
+    /// MariaDB; the database is the URL's).
     #[arg(long)]
     pub(crate) store: String,
     /// Redis: the key prefix the services use (`RedisStoreBuilder::prefix`).
@@ -63,7 +65,7 @@ pub(crate) struct StoreArgs {
     /// PostgreSQL: the schema of the records table.
     #[arg(long, default_value = "public")]
     pub(crate) schema: String,
-    /// PostgreSQL: the records table.
+    /// PostgreSQL and MySQL: the records table.
     #[arg(long, default_value = "idemkit_records")]
     pub(crate) table: String,
 }
@@ -118,6 +120,7 @@ fn storage_key(r: &RecordArgs) -> Result<StorageKey, String> {
 pub(crate) enum Target {
     Redis(RedisStore),
     Postgres(PgStore),
+    MySql(MySqlStore),
 }
 
 /// Calls the same method on whichever store `target` is.
@@ -126,6 +129,7 @@ macro_rules! on {
         match $target {
             Target::Redis($s) => $e,
             Target::Postgres($s) => $e,
+            Target::MySql($s) => $e,
         }
     };
 }
@@ -241,11 +245,26 @@ pub(crate) async fn connect(s: &StoreArgs) -> Result<Target, Exit> {
                 }
             })?;
         Ok(Target::Postgres(store))
+    } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+        let store = MySqlStore::builder()
+            .table(&s.table)
+            .max_connections(4)
+            .connect(url)
+            .await
+            .map_err(|e| {
+                let name = std::error::Error::source(&e)
+                    .and_then(|s| s.downcast_ref::<idemkit_mysql::NameError>());
+                match name {
+                    Some(name) => fail(Exit::Usage, name),
+                    None => store_failed(&e),
+                }
+            })?;
+        Ok(Target::MySql(store))
     } else {
         Err(fail(
             Exit::Usage,
             format!(
-                "unknown store {:?}: a redis://, redis+cluster:// or postgres:// URL",
+                "unknown store {:?}: a redis://, redis+cluster://, postgres:// or mysql:// URL",
                 redact(url)
             ),
         ))

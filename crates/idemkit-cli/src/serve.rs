@@ -149,6 +149,7 @@ pub(crate) async fn serve(store: &StoreArgs, args: &ServeArgs) -> Exit {
                 store.schema,
                 store.table
             ),
+            Target::MySql(_) => format!("{} table {}", redact(&store.store), store.table),
         },
         target,
         writes: args.allow_writes,

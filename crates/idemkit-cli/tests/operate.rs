@@ -261,6 +261,24 @@ fn postgres_url() -> String {
 
 const SCHEMA: &str = "idemkit_cli_operate";
 
+fn mysql_url() -> String {
+    std::env::var("IDEMKIT_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+}
+
+/// The machine's MariaDB or MySQL, on the default table (as the worker example uses).
+async fn mysql() -> Option<idemkit_mysql::MySqlStore> {
+    let store = idemkit_mysql::MySqlStore::builder()
+        .max_connections(4)
+        .connect(&mysql_url())
+        .await;
+    if !idemkit_test::require_service("mysql", store.is_ok()) {
+        return None;
+    }
+    let store = store.unwrap();
+    store.migrate().await.unwrap();
+    Some(store)
+}
+
 async fn postgres() -> Option<idemkit_postgres::PgStore> {
     let store = idemkit_postgres::PgStore::builder()
         .schema(SCHEMA)
@@ -303,6 +321,17 @@ async fn list_purge_and_stats_on_postgres() {
             "--schema".into(),
             SCHEMA.into(),
         ],
+    };
+    commands(store, cli).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_purge_and_stats_on_mysql() {
+    let Some(store) = mysql().await else {
+        return;
+    };
+    let cli = Cli {
+        store: vec!["--store".into(), mysql_url()],
     };
     commands(store, cli).await;
 }
@@ -437,6 +466,7 @@ fn a_store_that_is_down_is_exit_4() {
         "redis://127.0.0.1:1",
         "redis+cluster://127.0.0.1:1",
         "postgres://postgres@127.0.0.1:1/test",
+        "mysql://root@127.0.0.1:1/test",
     ] {
         for cmd in [
             vec!["list"],
@@ -561,6 +591,22 @@ async fn on_postgres(scenario: fn(&[&str])) {
     tokio::task::spawn_blocking(move || scenario(&["--store", &url, "--schema", SCHEMA]))
         .await
         .unwrap();
+}
+
+/// Runs a worker-process scenario (blocking) against the machine's MariaDB or MySQL.
+async fn on_mysql(scenario: fn(&[&str])) {
+    if mysql().await.is_none() {
+        return;
+    }
+    let url = mysql_url();
+    tokio::task::spawn_blocking(move || scenario(&["--store", &url]))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_workers_reservation_is_listed_and_released_on_mysql() {
+    on_mysql(stuck_reservation).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -713,4 +759,9 @@ async fn a_stopped_workers_reservation_is_flagged_stale_on_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_workers_reservation_is_flagged_stale_on_postgres() {
     on_postgres(stale_reservation).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_workers_reservation_is_flagged_stale_on_mysql() {
+    on_mysql(stale_reservation).await;
 }

@@ -45,6 +45,7 @@
 //!   `prepared`): one call builder, one [`run`](Call::run).
 //! - [`scan`] holds the operators' listing and fenced removal, which a store may offer.
 //! - [`downstream`] derives a receiver's idempotency key from the effect.
+//! - [`inbox`] holds what the SQL stores' transactional inboxes share.
 //! - [`observe`] names the metrics.
 //! - [`clock`] is the one place that reads time.
 //!
@@ -68,6 +69,7 @@ mod error;
 pub mod fault;
 mod fingerprint;
 pub mod ident;
+pub mod inbox;
 pub mod memory;
 pub mod observe;
 mod phase;

@@ -233,6 +233,46 @@ pub fn with_holder(
     Ok(record)
 }
 
+/// The caller's connection in a transactional call, used in turn by the action and by the
+/// completion written in the same transaction.
+pub type Slot<'c, Conn> = std::sync::Mutex<Option<&'c mut Conn>>;
+
+/// Takes the connection out of `slot` for one use.
+pub fn take<'c, Conn>(slot: &Slot<'c, Conn>) -> &'c mut Conn {
+    slot.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take()
+        .expect("the action and the completion use the connection in turn")
+}
+
+/// Puts the connection back after its use.
+pub fn put<'c, Conn>(slot: &Slot<'c, Conn>, conn: &'c mut Conn) {
+    *slot
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(conn);
+}
+
+/// Runs the user's action on the connection in `slot`, noting in `ran` that it ran (so a
+/// failed call knows the transaction holds the action's writes).
+pub async fn act<'c, Conn, T, E, F>(
+    slot: &Slot<'c, Conn>,
+    ran: &std::sync::atomic::AtomicBool,
+    action: F,
+    attempt: crate::coordinator::Attempt,
+) -> Result<T, E>
+where
+    F: for<'t> FnOnce(
+        &'t mut Conn,
+        crate::coordinator::Attempt,
+    ) -> crate::inbox::TxFuture<'t, Result<T, E>>,
+{
+    ran.store(true, std::sync::atomic::Ordering::SeqCst);
+    let conn = take(slot);
+    let result = action(&mut *conn, attempt).await;
+    put(slot, conn);
+    result
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,8 +2,8 @@
 //! with and without idemkit (one mail against two), wait against raise, the "two, two, one"
 //! of crashes mid-action, and the consumer's ledger row and email (experiment 4).
 //!
-//! Run with: `cargo run --release --bin idemkit-demo` (add `-- --store redis://...` or
-//! `-- --store postgres://...` to run it on a server).
+//! Run with: `cargo run --release --bin idemkit-demo` (add `-- --store redis://...`,
+//! `-- --store postgres://...` or `-- --store mysql://...` to run it on a server).
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -15,9 +15,10 @@ use idemkit_core::MemoryStore;
 #[derive(Debug, Parser)]
 #[command(name = "idemkit-demo", version)]
 struct Cli {
-    /// Where records live: `memory` (in-process), a `redis://` URL or a `postgres://` URL.
-    /// On Redis each run uses its own key prefix, and its records expire with their TTL
-    /// (one hour); on PostgreSQL each run uses its own schema, dropped at the end.
+    /// Where records live: `memory` (in-process), a `redis://`, a `postgres://` or a
+    /// `mysql://` URL (MySQL or MariaDB). On Redis each run uses its own key prefix, and its
+    /// records expire with their TTL (one hour); on PostgreSQL each run uses its own schema,
+    /// dropped at the end; on MySQL its own tables in the URL's database, dropped at the end.
     #[arg(long, default_value = "memory")]
     store: String,
 }
@@ -58,9 +59,12 @@ fn main() -> ExitCode {
         url if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
             runtime.block_on(demo_on_postgres(url))
         }
+        url if url.starts_with("mysql://") || url.starts_with("mariadb://") => {
+            runtime.block_on(demo_on_mysql(url))
+        }
         other => {
             eprintln!(
-                "idemkit-demo: unsupported store {other:?}; supported: memory, redis://HOST:PORT, postgres://USER@HOST/DB"
+                "idemkit-demo: unsupported store {other:?}; supported: memory, redis://HOST:PORT, postgres://USER@HOST/DB, mysql://USER@HOST/DB"
             );
             ExitCode::from(2)
         }
@@ -129,6 +133,62 @@ async fn demo_on_postgres(url: &str) -> ExitCode {
     let _ = sqlx::query(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
         .execute(&pool)
         .await;
+    match result {
+        Ok((report, consumer)) => {
+            print!("{report}\n{consumer}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("idemkit-demo: the demo failed on {url}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A table per experiment row, named after this run in the URL's database (dropped at the
+/// end); experiment 4's ledger and inbox are real tables there.
+async fn demo_on_mysql(url: &str) -> ExitCode {
+    use idemkit_mysql::MySqlStore;
+    let pool = match sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(8)
+        .test_before_acquire(false)
+        .acquire_timeout(std::time::Duration::from_secs(5))
+        .connect(url)
+        .await
+    {
+        Ok(pool) => pool,
+        Err(e) => {
+            eprintln!("idemkit-demo: cannot connect to {url}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let run = format!("idemkit_demo_{:016x}", std::process::id() as u64 ^ nanos());
+    let mut tables = Vec::new();
+    let result: Result<_, Box<dyn std::error::Error>> = async {
+        // The demo's rows (7) and experiment 4's handlers (5), each on its own table.
+        let mut stores = Vec::new();
+        for n in 0..12 {
+            let table = format!("{run}_r{n}");
+            let store = MySqlStore::builder().table(&table).build(pool.clone())?;
+            tables.push(format!("{table}_fencing"));
+            tables.push(table);
+            store.migrate().await?;
+            stores.push(store);
+        }
+        let db = idemkit_demo::mysql::MySqlDb::create(pool.clone(), &run).await?;
+        tables.extend(db.tables().map(str::to_owned));
+        let row = AtomicUsize::new(0);
+        let next = || stores[row.fetch_add(1, Ordering::Relaxed) % stores.len()].clone();
+        let report = idemkit_demo::demo::run(&next).await;
+        let consumer = idemkit_demo::consumer::run(&db, &next).await;
+        Ok((report, consumer))
+    }
+    .await;
+    for table in &tables {
+        let _ = sqlx::query(&format!("DROP TABLE IF EXISTS `{table}`"))
+            .execute(&pool)
+            .await;
+    }
     match result {
         Ok((report, consumer)) => {
             print!("{report}\n{consumer}");

@@ -67,6 +67,29 @@ fn demo_on_postgres_prints_the_same_tables_with_real_tables_for_experiment_4() {
 }
 
 #[test]
+fn demo_on_mysql_prints_the_same_tables_with_real_tables_for_experiment_4() {
+    let url = std::env::var("IDEMKIT_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
+    let up = std::net::TcpStream::connect("127.0.0.1:3306").is_ok();
+    if idemkit_test::require_service(&format!("MySQL at {url}"), up) {
+        let out = demo(&["--store", &url]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            text.contains("(database: MySQL, tables idemkit_demo_"),
+            "{text}"
+        );
+        assert_tables(out);
+    }
+}
+
+#[test]
+fn an_unreachable_mysql_is_a_clear_failure() {
+    let out = demo(&["--store", "mysql://root@127.0.0.1:1/test"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot connect"));
+}
+
+#[test]
 fn an_unreachable_postgres_is_a_clear_failure() {
     let out = demo(&["--store", "postgres://postgres@127.0.0.1:1/test"]);
     assert_eq!(out.status.code(), Some(1));

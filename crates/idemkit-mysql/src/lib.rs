@@ -1,5 +1,12 @@
-//! MySQL and MariaDB for idemkit: [`MySqlStore`], the idemkit [`Store`](idemkit_core::Store)
-//! on an InnoDB table of your database.
+//! MySQL and MariaDB for idemkit.
+//!
+//! - [`MySqlStore`]: the idemkit [`Store`](idemkit_core::Store) on an InnoDB table of your
+//!   database, with [`Scan`](idemkit_core::scan::Scan) for the operator's commands.
+//! - [`Inbox`]: the transactional inbox, a row per (consumer, claim) written in your own
+//!   transaction; [`Inbox::deliver`]: the seed's order of effects in one call.
+//! - [`TxCall`] ([`InTransaction::in_transaction`]): a call whose result is stored in your
+//!   transaction, committing or rolling back with the database effect it protects, under
+//!   any isolation level (REPEATABLE READ, InnoDB's default, included).
 //!
 //! One statement per phase where a first delivery is concerned: a `begin` that reserves is
 //! one `INSERT ... ON DUPLICATE KEY UPDATE` (the reservation, or the takeover of an expired
@@ -12,8 +19,14 @@
 /// The database driver this crate is built on, so an application uses the same version.
 pub use sqlx;
 
+mod inbox;
 mod row;
+mod scan;
 mod sql;
 mod store;
+mod tx;
 
+pub use idemkit_core::inbox::{DeliverError, Delivered, InboxError, Seen, TxFuture};
+pub use inbox::Inbox;
 pub use store::{MySqlStore, MySqlStoreBuilder, NameError};
+pub use tx::{InTransaction, TxCall};

@@ -9,7 +9,8 @@ use sqlx::mysql::MySqlRow;
 /// wait timeouts and a read-only server are [`StoreErrorKind::Unavailable`]; a missing
 /// table is [`StoreErrorKind::Rejected`] with a message that names the migration call; a
 /// value over a column's limit is `Rejected`; a column that does not decode is `Corrupt`.
-pub(crate) fn map_err(e: sqlx::Error, table: &str) -> StoreError {
+/// `migrate` names the call that creates the table.
+pub(crate) fn map_err(e: sqlx::Error, table: &str, migrate: &str) -> StoreError {
     match &e {
         sqlx::Error::Database(db) => {
             let code = db
@@ -22,7 +23,7 @@ pub(crate) fn map_err(e: sqlx::Error, table: &str) -> StoreError {
                     StoreErrorKind::Rejected,
                     format!(
                         "the table {table} is missing or not migrated: call \
-                         MySqlStore::migrate() once before use ({e})"
+                         {migrate} once before use ({e})"
                     ),
                 ),
                 // deadlock, lock wait timeout, read-only, too many connections, shutdown,
@@ -58,14 +59,16 @@ pub(crate) fn columns(row: &MySqlRow, at: usize) -> Result<Columns, sqlx::Error>
     })
 }
 
-/// A row as `get` selects it: the record's columns, its times in ms, its holder block.
+/// A row as `get` and `scan` select it, from column `at` on: the record's columns, its
+/// times in ms, its holder block.
 pub(crate) fn read_record(
     row: &MySqlRow,
+    at: usize,
     key: &StorageKey,
 ) -> Result<Result<Record, StoreError>, sqlx::Error> {
-    let checked = columns(row, 0)?.check(key);
-    let created: i64 = row.try_get(7)?;
-    let expires: i64 = row.try_get(8)?;
-    let holder: Option<Vec<u8>> = row.try_get(9)?;
+    let checked = columns(row, at)?.check(key);
+    let created: i64 = row.try_get(at + 7)?;
+    let expires: i64 = row.try_get(at + 8)?;
+    let holder: Option<Vec<u8>> = row.try_get(at + 9)?;
     Ok(checked.and_then(|c| with_holder(c.into_record(created, expires), holder.as_deref(), key)))
 }

@@ -6,7 +6,7 @@
 //! the conversion has no daylight-saving fold. Durations travel as microseconds.
 
 /// The server's clock, µs since the epoch.
-const NOW: &str = "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)";
+pub(crate) const NOW: &str = "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)";
 
 /// The text of every statement of one store.
 #[derive(Debug)]
@@ -26,6 +26,10 @@ pub(crate) struct Statements {
     pub(crate) purge: String,
     pub(crate) keep_expired_tokens: String,
     pub(crate) purge_expired: String,
+    pub(crate) scan: String,
+    pub(crate) remove: String,
+    pub(crate) now_ms: String,
+    pub(crate) table_bytes: String,
 }
 
 impl Statements {
@@ -153,6 +157,29 @@ impl Statements {
             purge_expired: format!(
                 "DELETE FROM {t} WHERE expires_us <= {NOW} ORDER BY expires_us LIMIT ?"
             ),
+            // A page in key order (bytewise: the key is VARBINARY) from after the cursor,
+            // within [from, until). Released rows (state 3) are read too, so that a page of
+            // them still moves the cursor on; the caller skips them. The size is the row's
+            // key, result and holder bytes. Binds: cursor, from, until, until, count.
+            scan: format!(
+                "SELECT `key`, version, state, owner, fencing, fingerprint, kind, result, \
+                   created_us DIV 1000, expires_us DIV 1000, holder, \
+                   CAST(LENGTH(`key`) + COALESCE(LENGTH(result), 0) + COALESCE(LENGTH(holder), 0) \
+                     AS SIGNED), \
+                   {NOW} DIV 1000 \
+                 FROM {t} WHERE `key` > ? AND `key` >= ? AND (? IS NULL OR `key` < ?) \
+                 ORDER BY `key` LIMIT ?"
+            ),
+            // A record of ours (reserved or completed, live or not) under its fencing token;
+            // run in one transaction with `keep_token`.
+            remove: format!(
+                "DELETE FROM {t} WHERE `key` = ? AND fencing = ? AND version = 1 AND state IN (1, 2)"
+            ),
+            now_ms: format!("SELECT {NOW} DIV 1000"),
+            table_bytes: "SELECT CAST(COALESCE(SUM(data_length + index_length), 0) AS SIGNED) \
+                 FROM information_schema.tables \
+                 WHERE table_schema = DATABASE() AND table_name IN (?, ?)"
+                .to_string(),
         }
     }
 }

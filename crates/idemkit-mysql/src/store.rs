@@ -41,14 +41,14 @@ use idemkit_core::__sql::Columns;
 /// ```
 #[derive(Debug, Clone)]
 pub struct MySqlStore {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 #[derive(Debug)]
-struct Inner {
-    pool: MySqlPool,
-    table: String,
-    sql: Statements,
+pub(crate) struct Inner {
+    pub(crate) pool: MySqlPool,
+    pub(crate) table: String,
+    pub(crate) sql: Statements,
     recheck: Duration,
 }
 
@@ -71,7 +71,7 @@ impl std::fmt::Display for NameError {
 
 impl std::error::Error for NameError {}
 
-fn check_name(name: &str) -> Result<(), NameError> {
+pub(crate) fn check_name(name: &str) -> Result<(), NameError> {
     let ok = (1..=48).contains(&name.len())
         && name
             .bytes()
@@ -305,8 +305,8 @@ impl MySqlStore {
         }
     }
 
-    fn err(&self, e: sqlx::Error) -> StoreError {
-        map_err(e, &self.inner.table)
+    pub(crate) fn err(&self, e: sqlx::Error) -> StoreError {
+        map_err(e, &self.inner.table, "MySqlStore::migrate()")
     }
 
     /// The claim a live row read by `read` stands for.
@@ -327,7 +327,7 @@ fn owner_bytes(o: &Ownership) -> [u8; 16] {
     o.owner.as_u128().to_be_bytes()
 }
 
-fn fencing_i64(f: FencingToken) -> i64 {
+pub(crate) fn fencing_i64(f: FencingToken) -> i64 {
     // A larger token cannot match any row.
     i64::try_from(f.get()).unwrap_or(-1)
 }
@@ -426,13 +426,8 @@ impl Store for MySqlStore {
         ownership: &Ownership,
         request: &CompleteRequest,
     ) -> Result<(), StoreError> {
-        let done = sqlx::query(&self.inner.sql.complete)
-            .bind(i16::from(request.kind.to_byte()))
-            .bind(&request.bytes[..])
-            .bind(micros(request.ttl))
-            .bind(key.as_str())
-            .bind(&owner_bytes(ownership)[..])
-            .bind(fencing_i64(ownership.fencing))
+        let done = self
+            .complete_query(key, ownership, request)
             .execute(&self.inner.pool)
             .await
             .map_err(|e| self.err(e))?;
@@ -496,7 +491,7 @@ impl Store for MySqlStore {
             .await
             .map_err(|e| self.err(e))?;
         let Some(row) = row else { return Ok(None) };
-        let record = read_record(&row, key).map_err(|e| self.err(e))??;
+        let record = read_record(&row, 0, key).map_err(|e| self.err(e))??;
         Ok(Some(record))
     }
 }
@@ -505,7 +500,7 @@ impl MySqlStore {
     /// Deletes rows in one transaction with raising the high-water mark of fencing tokens to
     /// theirs (`keep`, bound to `key` if given): a key deleted keeps its tokens increasing.
     /// Returns how many rows `delete` removed.
-    async fn keeping_tokens<'q>(
+    pub(crate) async fn keeping_tokens<'q>(
         &'q self,
         keep: &'q str,
         key: Option<&'q str>,
@@ -527,6 +522,41 @@ impl MySqlStore {
         Ok(n)
     }
 
+    /// A completion on `conn` (the caller's transaction): the owner-checked `UPDATE`, then,
+    /// if it found no reservation of this lease, whether this lease completed it already.
+    pub(crate) async fn complete_on(
+        &self,
+        conn: &mut sqlx::MySqlConnection,
+        key: &StorageKey,
+        ownership: &Ownership,
+        request: &CompleteRequest,
+    ) -> Result<(), StoreError> {
+        let done = self
+            .complete_query(key, ownership, request)
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        if done.rows_affected() == 1 {
+            return Ok(());
+        }
+        self.completed_by_on(&mut *conn, key, ownership).await
+    }
+
+    fn complete_query<'q>(
+        &'q self,
+        key: &'q StorageKey,
+        ownership: &Ownership,
+        request: &'q CompleteRequest,
+    ) -> sqlx::query::Query<'q, sqlx::MySql, sqlx::mysql::MySqlArguments> {
+        sqlx::query(&self.inner.sql.complete)
+            .bind(i16::from(request.kind.to_byte()))
+            .bind(&request.bytes[..])
+            .bind(micros(request.ttl))
+            .bind(key.as_str())
+            .bind(owner_bytes(ownership).to_vec())
+            .bind(fencing_i64(ownership.fencing))
+    }
+
     /// Whether this very lease completed the row (a retried completion, a renewal that
     /// crossed the completion): success; otherwise the lease is lost.
     async fn completed_by(
@@ -534,11 +564,21 @@ impl MySqlStore {
         key: &StorageKey,
         ownership: &Ownership,
     ) -> Result<(), StoreError> {
+        let mut conn = self.inner.pool.acquire().await.map_err(|e| self.err(e))?;
+        self.completed_by_on(&mut conn, key, ownership).await
+    }
+
+    async fn completed_by_on(
+        &self,
+        conn: &mut sqlx::MySqlConnection,
+        key: &StorageKey,
+        ownership: &Ownership,
+    ) -> Result<(), StoreError> {
         let found = sqlx::query(&self.inner.sql.completed_by)
             .bind(key.as_str())
             .bind(&owner_bytes(ownership)[..])
             .bind(fencing_i64(ownership.fencing))
-            .fetch_optional(&self.inner.pool)
+            .fetch_optional(conn)
             .await
             .map_err(|e| self.err(e))?;
         match found {

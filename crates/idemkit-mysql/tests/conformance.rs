@@ -40,3 +40,7 @@ idemkit_test::coordinator_conformance!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     MySql
 );
+idemkit_test::scan_conformance!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    MySql
+);

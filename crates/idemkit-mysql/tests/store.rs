@@ -166,3 +166,60 @@ async fn a_token_too_large_to_keep_is_refused() {
         Claim::Reserved { .. }
     ));
 }
+
+/// A released reservation stays as a row that only keeps its fencing token: a scan does not
+/// list it, and a page made only of such rows still moves the cursor on to the records after
+/// them; `table_bytes` counts the table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scan_skips_released_rows_and_pages_past_them() {
+    use idemkit_core::scan::Scan;
+    let Some(store) = support::store().await else {
+        return;
+    };
+    let op = idemkit_core::Operation::new(format!("scanrel{:x}", fastrand::u64(..))).unwrap();
+    let key =
+        |k: &str| idemkit_core::StorageKey::new(&op, None, &idemkit_core::Key::new(k).unwrap());
+    // Three released rows (a0..a2) sort before the live one (b).
+    for k in ["a0", "a1", "a2"] {
+        let k = key(k);
+        let Claim::Reserved { ownership, .. } = store
+            .begin(&BeginRequest::new(
+                &k,
+                OwnerToken::random(),
+                Duration::from_secs(30),
+            ))
+            .await
+            .unwrap()
+        else {
+            panic!("not reserved")
+        };
+        store.release(&k, &ownership).await.unwrap();
+    }
+    let live = key("b");
+    let Claim::Reserved { .. } = store
+        .begin(&BeginRequest::new(
+            &live,
+            OwnerToken::random(),
+            Duration::from_secs(30),
+        ))
+        .await
+        .unwrap()
+    else {
+        panic!("not reserved")
+    };
+    let mut listed = Vec::new();
+    let mut cursor = None;
+    let mut pages = 0;
+    loop {
+        let page = store.scan(Some(&op), cursor.as_ref(), 2).await.unwrap();
+        listed.extend(page.entries.iter().map(|e| e.key.to_string()));
+        pages += 1;
+        assert!(pages < 10, "the cursor does not move");
+        match page.next {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(listed, vec![live.to_string()]);
+    assert!(store.table_bytes().await.unwrap() > 0);
+}

@@ -16,8 +16,9 @@ use serde::de::DeserializeOwned;
 use sqlx::{PgConnection, PgPool};
 
 use crate::errors::map_err;
-use crate::inbox::{Inbox, InboxError, Seen};
+use crate::inbox::Inbox;
 use crate::tx::TxFuture;
+use idemkit_core::inbox::{InboxError, Seen};
 
 /// A runner handler in the seed's order of effects (see [`Inbox::handler`]).
 pub struct InboxHandler<C, D, X> {

@@ -3,40 +3,14 @@
 use std::future::Future;
 use std::time::Duration;
 
-use idemkit_core::{
-    Attempt, Call, Codec, Disposition, Error, Key, KeyError, Operation, Receipt, Store, StoreError,
-};
+use idemkit_core::inbox::{DeliverError, Delivered, InboxError, Seen, TxFuture};
+use idemkit_core::{Attempt, Call, Codec, Key, Operation, Store, StoreError};
 use sqlx::{PgConnection, PgPool};
 
 use crate::errors::map_err;
 use crate::names::{NameError, Table, check};
-use crate::tx::TxFuture;
 
 pub(crate) const MIGRATE: &str = "Inbox::migrate(&pool)";
-
-/// What [`Inbox::claim`] found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Seen {
-    /// The first delivery of this message to this consumer (or the first since its row
-    /// expired): run the database effect.
-    New,
-    /// A committed transaction already recorded it: its database effect is committed too.
-    Duplicate,
-}
-
-/// An inbox call that failed before or instead of its statement.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum InboxError {
-    /// The consumer name or message id is empty, too long or has a control character
-    /// (checked before anything is sent).
-    #[error("invalid inbox id: {0}")]
-    InvalidId(#[from] KeyError),
-    /// The database failed or refused (a missing table names [`Inbox::migrate`]).
-    #[error(transparent)]
-    Store(#[from] StoreError),
-}
 
 /// The transactional inbox: one row per (consumer, claim), inserted in the handler's own
 /// transaction, so it commits or rolls back with the handler's database effects. A
@@ -356,61 +330,6 @@ impl Inbox {
             seen
         };
         let external = external.run(action).await.map_err(DeliverError::External)?;
-        Ok(Delivered { seen, external })
-    }
-}
-
-/// What [`Inbox::deliver`] did.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct Delivered<T> {
-    /// Whether this delivery ran the database effect ([`Seen::New`]) or found it committed.
-    pub seen: Seen,
-    /// The external effect's receipt: sent now (`Fresh`) or replayed.
-    pub external: Receipt<T>,
-}
-
-/// Why [`Inbox::deliver`] did not finish. Nothing half-done is left behind: a database
-/// effect either committed with its inbox row or not at all.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum DeliverError<E> {
-    /// The inbox failed (invalid ids, the database down): nothing ran.
-    #[error(transparent)]
-    Inbox(#[from] InboxError),
-    /// The database effect failed; its transaction (and the inbox row) rolled back.
-    #[error("the database effect failed")]
-    Database(E),
-    /// The database effect is committed (now or by an earlier delivery); the external
-    /// effect's call failed. Redeliver: the inbox will say duplicate, and the key decides.
-    #[error("the external effect failed: {0}")]
-    External(Error<E>),
-}
-
-impl<E> DeliverError<E> {
-    /// What the consumer should do with the message: retry (redeliver) or dead-letter.
-    /// Invalid ids and refusals (a missing table) dead-letter; an unreachable database, a
-    /// failed database effect and a retryable external failure retry; the external call's
-    /// own errors follow [`Error::disposition`].
-    ///
-    /// # Example
-    ///
-    /// ```
-    /// use idemkit_core::{Disposition, Key};
-    /// use idemkit_postgres::{DeliverError, InboxError};
-    ///
-    /// let invalid = DeliverError::<()>::Inbox(InboxError::InvalidId(Key::new("").unwrap_err()));
-    /// assert_eq!(invalid.disposition(), Disposition::DeadLetter);
-    /// ```
-    pub fn disposition(&self) -> Disposition {
-        match self {
-            DeliverError::Inbox(InboxError::InvalidId(_)) => Disposition::DeadLetter,
-            DeliverError::Inbox(InboxError::Store(e)) if e.is_unavailable() => {
-                Disposition::Retry { after: None }
-            }
-            DeliverError::Inbox(_) => Disposition::DeadLetter,
-            DeliverError::Database(_) => Disposition::Retry { after: None },
-            DeliverError::External(e) => e.disposition(),
-        }
+        Ok(Delivered::new(seen, external))
     }
 }

@@ -2,11 +2,10 @@
 //! transaction, and complete in that same transaction, so that the database effect and its
 //! idempotency record commit or roll back together.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 
+use idemkit_core::__sql::{Slot, act, put, take};
 use idemkit_core::options::{OnActionError, ReleaseErrors};
 use idemkit_core::{
     Attempt, Call, Codec, CompleteRequest, Completer, Error, JsonCodec, Ownership, Phase, Receipt,
@@ -16,10 +15,7 @@ use sqlx::{Executor as _, PgConnection, Postgres, Transaction};
 
 use crate::PgStore;
 
-/// The future an action of the transactional call (or a database effect of
-/// [`Inbox::deliver`](crate::Inbox::deliver)) returns: boxed, because it borrows the
-/// connection it is given (`Box::pin(async move { ... })`).
-pub type TxFuture<'t, T> = Pin<Box<dyn Future<Output = T> + Send + 't>>;
+pub use idemkit_core::inbox::TxFuture;
 
 /// The transactional option of a [`Call`] on a [`PgStore`]: `in_transaction` makes it a
 /// [`TxCall`], whose action gets your transaction's connection. Set the call's other options
@@ -118,7 +114,7 @@ impl<C: std::fmt::Debug, P> std::fmt::Debug for TxCall<'_, '_, C, P> {
 /// The completer that writes in the caller's transaction.
 struct InTx<'s, 'c> {
     store: PgStore,
-    slot: &'s Mutex<Option<&'c mut PgConnection>>,
+    slot: &'s Slot<'c, PgConnection>,
 }
 
 impl Completer for InTx<'_, '_> {
@@ -135,38 +131,10 @@ impl Completer for InTx<'_, '_> {
     }
 }
 
-fn take<'c>(slot: &Mutex<Option<&'c mut PgConnection>>) -> &'c mut PgConnection {
-    slot.lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .take()
-        .expect("the action and the completion use the connection in turn")
-}
-
-fn put<'c>(slot: &Mutex<Option<&'c mut PgConnection>>, conn: &'c mut PgConnection) {
-    *slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(conn);
-}
-
-/// Runs the user's action on the connection in the slot, noting that it ran.
-async fn act<'c, T, E, F>(
-    slot: &Mutex<Option<&'c mut PgConnection>>,
-    ran: &AtomicBool,
-    action: F,
-    attempt: Attempt,
-) -> Result<T, E>
-where
-    F: for<'t> FnOnce(&'t mut PgConnection, Attempt) -> TxFuture<'t, Result<T, E>>,
-{
-    ran.store(true, Ordering::SeqCst);
-    let conn = take(slot);
-    let result = action(&mut *conn, attempt).await;
-    put(slot, conn);
-    result
-}
-
 /// After the call: if the action ran and its effect must not commit (the call failed after
 /// it), make the transaction fail, so that a `COMMIT` rolls back.
 async fn settle<T, E>(
-    slot: Mutex<Option<&mut PgConnection>>,
+    slot: Slot<'_, PgConnection>,
     ran: &AtomicBool,
     result: Result<Receipt<T>, Error<E>>,
 ) -> Result<Receipt<T>, Error<E>> {

@@ -1,7 +1,8 @@
-//! The simulation against the real servers, in real time: Redis and PostgreSQL behind the
-//! same fault-injecting wrapper, with the same callers and the same checker. Fewer seeds than
-//! in process (a server does not follow paused time, so each run takes its real time), run
-//! side by side; a run does not replay exactly, but its seed still names its callers and faults.
+//! The simulation against the real servers, in real time: Redis, PostgreSQL and MySQL (or
+//! MariaDB) behind the same fault-injecting wrapper, with the same callers and the same
+//! checker. Fewer seeds than in process (a server does not follow paused time, so each run
+//! takes its real time), run side by side; a run does not replay exactly, but its seed still
+//! names its callers and faults.
 
 use idemkit_sim::{check, run_on};
 
@@ -96,5 +97,26 @@ async fn postgres_keeps_every_guarantee_under_faults() {
     store.migrate().await.expect("migrated");
     let effects = all_seeds("postgres", || store.clone()).await;
     eprintln!("postgres: {} seeds, {effects} effects", seeds());
+    assert!(effects > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_keeps_every_guarantee_under_faults() {
+    let url = std::env::var("IDEMKIT_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
+    let store = idemkit_mysql::MySqlStore::builder()
+        .table("idemkit_sim_records")
+        .max_connections(8)
+        // Waiters re-read the row: at most this late after a completion.
+        .recheck(std::time::Duration::from_millis(20))
+        .connect(&url)
+        .await;
+    if !idemkit_test::require_service(&format!("MySQL at {url}"), store.is_ok()) {
+        return;
+    }
+    let store = store.unwrap();
+    store.migrate().await.expect("migrated");
+    let effects = all_seeds("mysql", || store.clone()).await;
+    eprintln!("mysql: {} seeds, {effects} effects", seeds());
     assert!(effects > 0);
 }

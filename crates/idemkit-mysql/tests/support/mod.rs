@@ -24,3 +24,44 @@ pub async fn store() -> Option<MySqlStore> {
     store.migrate().await.expect("migrate");
     Some(store)
 }
+
+/// A pool on the test database, or `None` (a skip) when the server is down and `CI` is
+/// unset.
+pub async fn pool() -> Option<sqlx::MySqlPool> {
+    Some(store().await?.pool().clone())
+}
+
+/// A unique order id.
+pub fn order(what: &str) -> String {
+    format!("order-{what}-{:x}", fastrand::u64(..))
+}
+
+/// The tests' ledger: one row per credit.
+pub async fn ledger(pool: &sqlx::MySqlPool) {
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS idemkit_test_ledger \
+         (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY, order_id VARCHAR(200) NOT NULL, \
+          amount INT NOT NULL, INDEX by_order (order_id)) ENGINE = InnoDB",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// Credits `order` on `conn`: the ledger row's id.
+pub async fn credit(conn: &mut sqlx::MySqlConnection, order: &str) -> Result<i64, sqlx::Error> {
+    let done = sqlx::query("INSERT INTO idemkit_test_ledger (order_id, amount) VALUES (?, 100)")
+        .bind(order)
+        .execute(conn)
+        .await?;
+    Ok(done.last_insert_id() as i64)
+}
+
+/// How many ledger rows `order` has, committed.
+pub async fn ledger_rows(pool: &sqlx::MySqlPool, order: &str) -> i64 {
+    sqlx::query_scalar("SELECT COUNT(*) FROM idemkit_test_ledger WHERE order_id = ?")
+        .bind(order)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
