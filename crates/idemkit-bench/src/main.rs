@@ -20,6 +20,7 @@ mod http;
 mod jetstream;
 mod kafka;
 mod measure;
+mod mysql;
 mod postgres;
 mod publish;
 mod rabbitmq;
@@ -282,6 +283,17 @@ fn main() -> ExitCode {
             }
             Err(e) => {
                 eprintln!("idemkit-bench: PostgreSQL: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    if let Some(url) = &args.mysql {
+        eprintln!("MySQL at {url}");
+        let version = runtime.block_on(mysql::server_version(url));
+        match runtime.block_on(mysql::run(url, args.ops, args.rounds)) {
+            Ok(report) => print!("\nMySQL server {}\n{report}", version.unwrap_or_default()),
+            Err(e) => {
+                eprintln!("idemkit-bench: MySQL: {e}");
                 return ExitCode::FAILURE;
             }
         }

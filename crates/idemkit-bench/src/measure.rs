@@ -46,7 +46,12 @@ pub(crate) struct BenchArgs {
     /// statements reads the server log and needs a superuser (`SET log_statement`).
     #[arg(long)]
     pub(crate) postgres: Option<String>,
-    /// Skip the Redis cases (with `--postgres`: PostgreSQL only).
+    /// Also measure MySQL or MariaDB (`MySqlStore` against a primary-key `SELECT`, a one-row
+    /// `INSERT` and a hand-written table) on this server, e.g.
+    /// `mysql://root@127.0.0.1:3306/test`.
+    #[arg(long)]
+    pub(crate) mysql: Option<String>,
+    /// Skip the Redis cases (with `--postgres` or `--mysql`: those only).
     #[arg(long)]
     pub(crate) skip_redis: bool,
     /// Also measure the Kafka consumer runner (idempotency off, idemkit on `--store` with

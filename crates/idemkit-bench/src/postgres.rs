@@ -23,27 +23,30 @@ use sqlx::postgres::PgPoolOptions;
 
 /// One measured case.
 #[derive(Debug, Clone)]
-pub(crate) struct PgRow {
+pub(crate) struct SqlRow {
     pub(crate) case: &'static str,
     pub(crate) concurrency: usize,
     pub(crate) ops_per_sec: f64,
     pub(crate) p50: Duration,
     p99: Duration,
     /// Statements per call, from the server log (`None` when the log cannot be read).
-    statements: Option<f64>,
+    pub(crate) statements: Option<f64>,
     /// CPU of all `postgres` processes per call, µs.
     pub(crate) db_cpu_usec: f64,
     /// Round trips per call relative to the floor `SELECT` at the same concurrency (latency
     /// ratio of the medians).
-    vs_floor: f64,
+    pub(crate) vs_floor: f64,
 }
 
-/// The PostgreSQL report: rows, each the median of the rounds.
+/// A SQL server's report (PostgreSQL's, MySQL's): rows, each the median of the rounds.
 #[derive(Debug, Clone)]
-pub(crate) struct PgReport {
-    rounds: usize,
-    log: String,
-    rows: Vec<PgRow>,
+pub(crate) struct SqlReport {
+    /// The server, as the table's heading names it.
+    pub(crate) server: &'static str,
+    pub(crate) rounds: usize,
+    /// How statements were counted.
+    pub(crate) log: String,
+    pub(crate) rows: Vec<SqlRow>,
 }
 
 type Case = &'static str;
@@ -92,7 +95,7 @@ fn without_coalescing(pool: &PgPool) -> Result<Coordinator<PgStore>, String> {
 }
 
 /// Runs every case `rounds` times (interleaved) and keeps each case's median round.
-pub(crate) async fn run(url: &str, ops: usize, rounds: usize) -> Result<PgReport, String> {
+pub(crate) async fn run(url: &str, ops: usize, rounds: usize) -> Result<SqlReport, String> {
     let err = |e: sqlx::Error| e.to_string();
     let pool = PgPoolOptions::new()
         .max_connections(64)
@@ -142,7 +145,7 @@ pub(crate) async fn run(url: &str, ops: usize, rounds: usize) -> Result<PgReport
     };
     let statements = statements.ok().map(|(_, s)| s);
 
-    let mut all: Vec<Vec<PgRow>> = Vec::new();
+    let mut all: Vec<Vec<SqlRow>> = Vec::new();
     for _ in 0..rounds.max(1) {
         let mut round = Vec::new();
         for &concurrency in &[1usize, 64] {
@@ -214,24 +217,7 @@ pub(crate) async fn run(url: &str, ops: usize, rounds: usize) -> Result<PgReport
         }
         all.push(round);
     }
-    // Each case's median round, by throughput.
-    let mut rows: Vec<PgRow> = (0..all[0].len())
-        .map(|i| {
-            let mut of: Vec<PgRow> = all.iter().map(|r| r[i].clone()).collect();
-            of.sort_by(|a, b| a.ops_per_sec.total_cmp(&b.ops_per_sec));
-            of[of.len() / 2].clone()
-        })
-        .collect();
-    let floors: Vec<(usize, Duration)> = rows
-        .iter()
-        .filter(|r| r.case == SELECT)
-        .map(|r| (r.concurrency, r.p50))
-        .collect();
-    for r in &mut rows {
-        if let Some((_, f)) = floors.iter().find(|(c, _)| *c == r.concurrency) {
-            r.vs_floor = r.p50.as_secs_f64() / f.as_secs_f64();
-        }
-    }
+    let rows = medians(&all, SELECT);
     // The bench's misses, purged so that runs do not pile rows up.
     let _ = sqlx::query(
         "DELETE FROM idemkit_bench.idemkit_records WHERE key LIKE 'bench\\_miss-%' ESCAPE '\\'",
@@ -241,11 +227,35 @@ pub(crate) async fn run(url: &str, ops: usize, rounds: usize) -> Result<PgReport
     let _ = sqlx::query("TRUNCATE idemkit_bench.floor_insert, idemkit_bench.peer")
         .execute(&pool)
         .await;
-    Ok(PgReport {
+    Ok(SqlReport {
+        server: "PostgreSQL",
         rounds: rounds.max(1),
         log,
         rows,
     })
+}
+
+/// Each case's median round, by throughput, with its median latency against the floor
+/// case's (`floor`) at the same concurrency.
+pub(crate) fn medians(all: &[Vec<SqlRow>], floor: &str) -> Vec<SqlRow> {
+    let mut rows: Vec<SqlRow> = (0..all[0].len())
+        .map(|i| {
+            let mut of: Vec<SqlRow> = all.iter().map(|r| r[i].clone()).collect();
+            of.sort_by(|a, b| a.ops_per_sec.total_cmp(&b.ops_per_sec));
+            of[of.len() / 2].clone()
+        })
+        .collect();
+    let floors: Vec<(usize, Duration)> = rows
+        .iter()
+        .filter(|r| r.case == floor)
+        .map(|r| (r.concurrency, r.p50))
+        .collect();
+    for r in &mut rows {
+        if let Some((_, f)) = floors.iter().find(|(c, _)| *c == r.concurrency) {
+            r.vs_floor = r.p50.as_secs_f64() / f.as_secs_f64();
+        }
+    }
+    rows
 }
 
 async fn measure<F, Fut>(
@@ -253,7 +263,23 @@ async fn measure<F, Fut>(
     concurrency: usize,
     ops: usize,
     call: F,
-) -> Result<PgRow, String>
+) -> Result<SqlRow, String>
+where
+    F: Fn(usize) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    measure_on(&["postgres"], case, concurrency, ops, call).await
+}
+
+/// One case at one concurrency: every connection warmed first, then `ops` calls timed, and
+/// the CPU of the server's processes (named `server`) per call.
+pub(crate) async fn measure_on<F, Fut>(
+    server: &[&str],
+    case: &'static str,
+    concurrency: usize,
+    ops: usize,
+    call: F,
+) -> Result<SqlRow, String>
 where
     F: Fn(usize) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = ()> + Send,
@@ -272,11 +298,11 @@ where
     for w in warm {
         w.await.map_err(|e| e.to_string())?;
     }
-    let cpu0 = postgres_cpu();
+    let cpu0 = server_cpu(server);
     let (lat, elapsed) = crate::measure::timed(concurrency, ops, call).await?;
-    let cpu = postgres_cpu() - cpu0;
+    let cpu = server_cpu(server) - cpu0;
     let calls = lat.len() as f64;
-    Ok(PgRow {
+    Ok(SqlRow {
         case,
         concurrency,
         ops_per_sec: calls / elapsed.as_secs_f64(),
@@ -288,8 +314,8 @@ where
     })
 }
 
-/// CPU seconds of every `postgres` process (user + system), from `/proc`.
-fn postgres_cpu() -> f64 {
+/// CPU seconds of every process named one of `names` (user + system), from `/proc`.
+fn server_cpu(names: &[&str]) -> f64 {
     let ticks = 100.0; // USER_HZ on Linux
     let mut total = 0u64;
     let Ok(dir) = std::fs::read_dir("/proc") else {
@@ -297,7 +323,7 @@ fn postgres_cpu() -> f64 {
     };
     for entry in dir.flatten() {
         let path = entry.path();
-        if std::fs::read_to_string(path.join("comm")).is_ok_and(|c| c.trim() == "postgres")
+        if std::fs::read_to_string(path.join("comm")).is_ok_and(|c| names.contains(&c.trim()))
             && let Ok(stat) = std::fs::read_to_string(path.join("stat"))
             && let Some(rest) = stat.rsplit(')').next()
         {
@@ -456,21 +482,21 @@ async fn log_path(pool: &PgPool) -> Result<String, String> {
     }
 }
 
-impl PgReport {
+impl SqlReport {
     /// The row of `case` at `concurrency`.
-    pub(crate) fn row(&self, case: &str, concurrency: usize) -> Option<&PgRow> {
+    pub(crate) fn row(&self, case: &str, concurrency: usize) -> Option<&SqlRow> {
         self.rows
             .iter()
             .find(|r| r.case == case && r.concurrency == concurrency)
     }
 }
 
-impl std::fmt::Display for PgReport {
+impl std::fmt::Display for SqlReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "PostgreSQL, one pool of 64 connections; each row the median of {} round(s); {}",
-            self.rounds, self.log
+            "{}, one pool of 64 connections; each row the median of {} round(s); {}",
+            self.server, self.rounds, self.log
         )?;
         writeln!(
             f,

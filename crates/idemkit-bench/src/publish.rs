@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::kafka::ConsumerRow;
 use crate::measure::{Report, Row};
-use crate::postgres::PgReport;
+use crate::postgres::SqlReport;
 use crate::suite::RecordBytes;
 
 /// The consumer runners' reports (their text and rows), when the run measured them.
@@ -45,7 +45,7 @@ pub(crate) fn write(
     // The interleaved c=1 latencies on the first server and on the second (empty without).
     [c1, c1_second]: [&[(&'static str, Vec<Duration>)]; 2],
     bytes: &[RecordBytes],
-    pg: Option<&PgReport>,
+    pg: Option<&SqlReport>,
     consumers: &Consumers,
 ) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
@@ -111,7 +111,7 @@ struct Target {
 fn targets(
     report: &Report,
     servers: &Servers<'_>,
-    pg: Option<&PgReport>,
+    pg: Option<&SqlReport>,
     consumers: &Consumers,
 ) -> Vec<Target> {
     let mut out = Vec::new();
@@ -381,7 +381,7 @@ fn markdown(
     report: &Report,
     servers: &Servers<'_>,
     bytes: &[RecordBytes],
-    pg: Option<&PgReport>,
+    pg: Option<&SqlReport>,
     consumers: &Consumers,
     plots: &[(&'static str, String)],
 ) -> String {
