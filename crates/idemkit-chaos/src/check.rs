@@ -13,6 +13,10 @@
 //! - **completion failed**: the owner's completion was not stored (the store restarted,
 //!   crashed, was cut off or failed over until the lease ended): the receipt said
 //!   `stored: false` or the call failed after the effect, and a store fault covers it.
+//! - **completion unanswered**: as "completion failed", where the owner's call had not
+//!   returned (or its end was not logged: the Kafka worker logs a call once its message is
+//!   settled, never for a revoked partition's) when the next effect started, and a store
+//!   fault covers the time between the two effects.
 //! - **effect reply lost**: the effect's own commit was confirmed to nobody (the queue
 //!   database's connection was cut mid-insert): the action failed, released the key, and
 //!   the row was there anyway.
@@ -297,6 +301,16 @@ fn explain(h: &History, earlier: &Row, later: &Row) -> Option<&'static str> {
     {
         return Some("completion failed");
     }
+    // The earlier owner's call had not returned (nor been logged) when the later effect
+    // started, and the store was faulted meanwhile: its completion was not stored before its
+    // lease ended. The Kafka worker logs a call's end only once its message is settled, which
+    // a message of a revoked partition never is, so a failed completion can leave no event.
+    if returned.is_none_or(|at| at > later.started)
+        && later.started > earlier.started
+        && store_fault_within(earlier.started, later.started)
+    {
+        return Some("completion unanswered");
+    }
     // The earlier effect's insert committed but its reply was lost to a cut.
     let effect_failed = of_job(h, earlier.pid, earlier.job).any(|e| {
         matches!(e, Event::EffectFailed { at, .. } if *at >= earlier.started && *at <= owner_until)
@@ -508,6 +522,44 @@ mod tests {
             vec![(10, done(1, 1020)), (11, done(2, 3100))],
             vec![kill],
         );
+        assert_eq!(check(&h).unexplained.len(), 1);
+    }
+
+    /// Seed 97948 (kafka/postgres): one worker ran job 1 twice, 1.3 s apart, across a store
+    /// crash; its first call logged neither a result nor a failure (the Kafka worker logs a
+    /// call's end from `on_settled`, which a message of a revoked partition never reaches),
+    /// and the worker was killed 3.4 s after the first effect, past the kill's window.
+    /// Before: one unexplained duplicate. The same history without the store fault stays
+    /// unexplained.
+    #[test]
+    fn an_unanswered_call_across_a_store_fault_explains_the_next_effect() {
+        let crash = Fault {
+            kind: FaultKind::StoreCrash,
+            pid: None,
+            start: 1200,
+            end: 1800,
+        };
+        let kill = Fault {
+            kind: FaultKind::Kill,
+            pid: Some(10),
+            start: 4400,
+            end: 4410,
+        };
+        let rows = vec![row(1, 1, 10, 1000), row(2, 2, 10, 2300)];
+        let h = history(
+            rows.clone(),
+            vec![(10, done(2, 2400))],
+            vec![crash, kill.clone()],
+        );
+        let r = check(&h);
+        assert_eq!(
+            r.duplicates.get("completion unanswered"),
+            Some(&1),
+            "{}",
+            r.render()
+        );
+        assert!(r.failures().is_empty(), "{:?}", r.failures());
+        let h = history(rows, vec![(10, done(2, 2400))], vec![kill]);
         assert_eq!(check(&h).unexplained.len(), 1);
     }
 
