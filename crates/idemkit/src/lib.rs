@@ -5,7 +5,7 @@
 //! - `redis`: the module `redis` re-exports `idemkit-redis` (`RedisStore`).
 //! - `postgres`: the module `postgres` re-exports `idemkit-postgres` (`PgStore`, `Inbox`,
 //!   `TxCall`).
-//! - `mysql`: the module `mysql` re-exports `idemkit-mysql` (`MySqlStore`).
+//! - `mysql`: the module `mysql` re-exports `idemkit-mysql` (`MySqlStore`, `Inbox`, `TxCall`).
 //! - `kafka`: the module `kafka` re-exports `idemkit-kafka` (`KafkaRunner`).
 //! - `nats`: the module `nats` re-exports `idemkit-nats` (`JetStreamRunner`).
 //! - `rabbitmq`: the module `rabbitmq` re-exports `idemkit-rabbitmq` (`RabbitRunner`).
@@ -33,7 +33,7 @@ pub mod postgres {
     pub use idemkit_postgres::*;
 }
 
-/// The MySQL and MariaDB store: `idemkit-mysql`.
+/// The MySQL and MariaDB store, the inbox and the transactional call: `idemkit-mysql`.
 #[cfg(feature = "mysql")]
 pub mod mysql {
     pub use idemkit_mysql::*;
