@@ -174,7 +174,7 @@ async fn inspect_and_release_on_postgres() {
 fn bad_input_is_a_one_line_error_and_a_distinct_exit_code() {
     let down = idemkit(&["inspect", "op", "k", "--store", "redis://127.0.0.1:1"]);
     assert_eq!(code(&down), 4, "a store that is down");
-    let unknown = idemkit(&["inspect", "op", "k", "--store", "mysql://localhost"]);
+    let unknown = idemkit(&["inspect", "op", "k", "--store", "memcached://localhost"]);
     assert_eq!(code(&unknown), 2, "an unknown store URL");
     let blank = idemkit(&["inspect", "op", "   ", "--store", "redis://127.0.0.1:6379"]);
     assert_eq!(code(&blank), 2, "a blank key");
