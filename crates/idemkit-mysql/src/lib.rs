@@ -11,7 +11,9 @@
 //! One statement per phase where a first delivery is concerned: a `begin` that reserves is
 //! one `INSERT ... ON DUPLICATE KEY UPDATE` (the reservation, or the takeover of an expired
 //! row, decided by the row's own expiry), a completion one owner-checked `UPDATE`. A `begin`
-//! that meets a live row reads it with a second statement. Fencing tokens come from the
+//! that meets a live row reads it with a second statement, unless most recent `begin`s met
+//! live rows: then it reads first, and a replay is one statement (an absent key then costs
+//! the read and the upsert). Fencing tokens come from the
 //! server's clock in microseconds, never below the row's last token nor a token written by
 //! hand. MySQL has no notifications: a waiter re-reads the row (see
 //! [`MySqlStoreBuilder::recheck`]).

@@ -13,7 +13,7 @@ use sqlx::{Executor as _, Row as _};
 
 use crate::row::{columns, map_err, read_record};
 use crate::sql::Statements;
-use idemkit_core::__sql::Columns;
+use idemkit_core::__sql::{Columns, Guess, Guesser};
 
 /// The store on a MySQL 8 or MariaDB 10.11 table (InnoDB): one `INSERT ... ON DUPLICATE KEY
 /// UPDATE` reserves, one owner-checked `UPDATE` completes, fencing tokens from the server's
@@ -50,6 +50,8 @@ pub(crate) struct Inner {
     pub(crate) table: String,
     pub(crate) sql: Statements,
     recheck: Duration,
+    /// What recent `begin`s met: after a run of replays, `begin` reads first.
+    guess: Guesser,
 }
 
 /// A table name the store refuses: 1 to 48 of `a-z`, `0-9` and `_`, not starting with a
@@ -184,6 +186,7 @@ impl MySqlStoreBuilder {
                 pool,
                 table: self.table,
                 recheck: self.recheck,
+                guess: Guesser::default(),
             }),
         })
     }
@@ -353,51 +356,9 @@ impl Store for MySqlStore {
     }
 
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Claim, StoreError> {
-        let owner = req.owner.as_u128().to_be_bytes();
-        let fingerprint = req.fingerprint.map(|f| f.to_bytes());
-        let lease_ms = u64::try_from(req.lease.as_millis()).unwrap_or(u64::MAX);
-        let holder = req.holder.map(|h| h.block(lease_ms));
-        for _ in 0..BEGIN_ATTEMPTS {
-            let done = sqlx::query(&self.inner.sql.begin)
-                .bind(req.key.as_str())
-                .bind(&owner[..])
-                .bind(fingerprint.as_ref().map(|f| &f[..]))
-                .bind(micros(req.lease))
-                .bind(holder.as_deref())
-                .execute(&self.inner.pool)
-                .await
-                .map_err(|e| self.err(e))?;
-            let answer = done.last_insert_id();
-            if answer != 0 {
-                return Ok(Claim::Reserved {
-                    ownership: Ownership::new(req.owner, FencingToken::new(answer >> 1)),
-                    took_over: answer & 1 == 1,
-                });
-            }
-            // A live row: read it.
-            let row = sqlx::query(&self.inner.sql.read)
-                .bind(req.key.as_str())
-                .fetch_optional(&self.inner.pool)
-                .await
-                .map_err(|e| self.err(e))?;
-            let Some(row) = row else {
-                // It ended between the two statements: reserve again.
-                continue;
-            };
-            let claim = self.claim_of(req, &row)?;
-            if let Claim::Reserved { ownership, .. } = &claim {
-                // The caller's own reservation, asked for again: a `begin` is a renewal.
-                match self.renew(req.key, ownership, req.lease).await {
-                    Ok(()) => {}
-                    Err(e) if e.is_lease_lost() => continue,
-                    Err(e) => return Err(e),
-                }
-            }
-            return Ok(claim);
-        }
-        Err(StoreError::unavailable(format!(
-            "begin met a row that ended before it was read {BEGIN_ATTEMPTS} times in a row"
-        )))
+        let claim = self.begin_once(req).await?;
+        self.inner.guess.saw(&claim);
+        Ok(claim)
     }
 
     async fn renew(
@@ -520,6 +481,61 @@ impl MySqlStore {
             .rows_affected();
         tx.commit().await.map_err(|e| self.err(e))?;
         Ok(n)
+    }
+
+    /// `begin`: the upsert, which reserves an absent or expired key in one statement, then a
+    /// read of the live row it met; or, after a run of replays (`Guesser`), the read first,
+    /// so that a replay is one statement, then the upsert if the key had no live row.
+    async fn begin_once(&self, req: &BeginRequest<'_>) -> Result<Claim, StoreError> {
+        let owner = req.owner.as_u128().to_be_bytes();
+        let fingerprint = req.fingerprint.map(|f| f.to_bytes());
+        let lease_ms = u64::try_from(req.lease.as_millis()).unwrap_or(u64::MAX);
+        let holder = req.holder.map(|h| h.block(lease_ms));
+        let mut read_first = self.inner.guess.guess() == Guess::Live;
+        for _ in 0..BEGIN_ATTEMPTS {
+            if !read_first {
+                let done = sqlx::query(&self.inner.sql.begin)
+                    .bind(req.key.as_str())
+                    .bind(&owner[..])
+                    .bind(fingerprint.as_ref().map(|f| &f[..]))
+                    .bind(micros(req.lease))
+                    .bind(holder.as_deref())
+                    .execute(&self.inner.pool)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                let answer = done.last_insert_id();
+                if answer != 0 {
+                    return Ok(Claim::Reserved {
+                        ownership: Ownership::new(req.owner, FencingToken::new(answer >> 1)),
+                        took_over: answer & 1 == 1,
+                    });
+                }
+            }
+            read_first = false;
+            // A live row (the upsert met one, or the guess expects one): read it.
+            let row = sqlx::query(&self.inner.sql.read)
+                .bind(req.key.as_str())
+                .fetch_optional(&self.inner.pool)
+                .await
+                .map_err(|e| self.err(e))?;
+            let Some(row) = row else {
+                // None, or it ended between the two statements: reserve.
+                continue;
+            };
+            let claim = self.claim_of(req, &row)?;
+            if let Claim::Reserved { ownership, .. } = &claim {
+                // The caller's own reservation, asked for again: a `begin` is a renewal.
+                match self.renew(req.key, ownership, req.lease).await {
+                    Ok(()) => {}
+                    Err(e) if e.is_lease_lost() => continue,
+                    Err(e) => return Err(e),
+                }
+            }
+            return Ok(claim);
+        }
+        Err(StoreError::unavailable(format!(
+            "begin met a row that ended before it was read {BEGIN_ATTEMPTS} times in a row"
+        )))
     }
 
     /// A completion on `conn` (the caller's transaction): the owner-checked `UPDATE`, then,

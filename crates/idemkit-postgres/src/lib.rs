@@ -24,7 +24,6 @@ mod coalesce;
 mod consume;
 mod errors;
 mod fence;
-mod guess;
 mod inbox;
 mod migrate;
 mod names;

@@ -16,10 +16,10 @@ use crate::batch::{BeginJob, CompleteJob, Kind, Lanes, Slot};
 use crate::builder::PgStoreBuilder;
 use crate::coalesce::{Entered, Reply, dropped};
 use crate::errors::{map_err, read_record};
-use crate::guess::{Guess, Guesser};
 use crate::names::Table;
 use crate::sql::Statements;
 use crate::wake::{Listener, Waiters};
+use idemkit_core::__sql::{Guess, Guesser};
 
 /// The migration call the "table is missing" error names.
 const MIGRATE: &str = "PgStore::migrate()";
