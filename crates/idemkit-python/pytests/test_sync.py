@@ -6,11 +6,12 @@ Leases here are a second, and the actions outlast them with ``time.sleep``: a re
 did not happen would show as a second owner.
 """
 
-import _thread
 import asyncio
 import inspect
 import multiprocessing
 import os
+import signal
+import sys
 import threading
 import time
 
@@ -167,22 +168,50 @@ def test_on_cancel_release_frees_the_key_at_once():
     assert coordinator.call("op", key, in_flight="reject").run_sync(Effect())["n"] == 1
 
 
+def _waiting_in_select(thread: threading.Thread) -> bool:
+    """Whether ``thread`` is blocked in the sync bridge's ``select`` (a caller waiting)."""
+    frame = sys._current_frames().get(thread.ident or 0)
+    while frame is not None:
+        if frame.f_code.co_name == "wait" and "select" in frame.f_code.co_names:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def test_ctrl_c_while_waiting_takes_no_key():
-    # The main thread waits on another thread's reservation; Ctrl-C (interrupt_main) stops it.
+    # The main thread waits on another thread's reservation; a real SIGINT (Ctrl-C) stops it.
+    # No race with a timer: the owner holds its reservation until the interrupt has been
+    # raised, and the signal is sent once the main thread is seen blocked in the bridge's
+    # `select`. The handler is Python's default one whatever an earlier test (a worker, a
+    # server) installed: `_thread.interrupt_main` does nothing under SIG_IGN or SIG_DFL, and
+    # does not wake a blocking `select`, so the test sends the signal itself.
     coordinator, key = idemkit.Coordinator(sync_store("redis")), unique("ctrlc")
-    effect, started = Effect(delay=1.0), threading.Event()
+    effect, started, finish = Effect(), threading.Event(), threading.Event()
 
     def owner_action(attempt: idemkit.Attempt) -> dict:
         started.set()
+        finish.wait(30)
         return effect(attempt)
 
+    def interrupt_when_waiting() -> None:
+        main = threading.main_thread()
+        deadline = time.monotonic() + 30
+        while not _waiting_in_select(main) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        signal.pthread_kill(main.ident, signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     owner = threading.Thread(target=lambda: coordinator.call("op", key).run_sync(owner_action))
     owner.start()
-    started.wait()
-    threading.Timer(0.3, _thread.interrupt_main).start()
-    with pytest.raises(KeyboardInterrupt):
-        coordinator.call("op", key).run_sync(effect)
-    owner.join()
+    try:
+        started.wait(30)
+        threading.Thread(target=interrupt_when_waiting, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            coordinator.call("op", key).run_sync(effect)
+    finally:
+        finish.set()
+        owner.join()
+        signal.signal(signal.SIGINT, previous)
     assert len(effect.calls) == 1
     # The owner's result is there; the interrupted caller left nothing behind.
     assert coordinator.call("op", key, in_flight="reject").run_sync(effect)["n"] == 1

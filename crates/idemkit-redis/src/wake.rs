@@ -207,8 +207,12 @@ impl RedisStore {
             return Err(StoreError::corrupt("a reservation without an expiry"));
         }
         if pttl > 0 {
-            // Never past the lease: an owner that died publishes nothing.
-            let until = timeout.min(Duration::from_millis(pttl as u64));
+            // Never past the lease: an owner that died publishes nothing. Nor before it: the
+            // server expires a key only once its clock is *past* the deadline, and `PTTL`
+            // is whole milliseconds rounded down, so a wait of exactly `pttl` can end on
+            // the deadline's millisecond with the key still live, and the caller's next
+            // `begin` would find it in flight. One millisecond more is past it.
+            let until = timeout.min(Duration::from_millis(pttl as u64 + 1));
             let _ = tokio::time::timeout(until, notified).await;
         }
         drop(registration);

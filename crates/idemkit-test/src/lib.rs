@@ -47,6 +47,7 @@ mod probe;
 pub mod redis_server;
 pub mod scans;
 pub mod suite;
+pub mod tls;
 
 pub use effects::{Mailer, assert_fails_closed_then_open};
 pub use probe::{Fault, Probe, ProbeCounts};
