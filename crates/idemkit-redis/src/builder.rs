@@ -1,12 +1,16 @@
 //! Configuring and connecting a [`RedisStore`].
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use idemkit_core::{StoreError, StoreErrorKind};
 use redis::aio::ConnectionManagerConfig;
 use redis::cluster::ClusterClientBuilder;
-use redis::{IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind, Value};
+use redis::{
+    ClientTlsConfig, ConnectionInfo, IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind,
+    TlsCertificates, Value,
+};
 
 use crate::RedisStore;
 use crate::conn::Conn;
@@ -56,6 +60,86 @@ pub struct RedisStoreBuilder {
     eviction: EvictionCheck,
     coalesce: bool,
     connections: usize,
+    tls: Tls,
+    credentials: Option<Credentials>,
+}
+
+/// A user (or the default one) and its password, which `Debug` never prints.
+#[derive(Clone)]
+struct Credentials {
+    user: Option<String>,
+    password: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("user", &self.user)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
+/// A PEM file's bytes, or the file to read them from at connect.
+#[derive(Clone)]
+enum Pem {
+    Bytes(Vec<u8>),
+    File(PathBuf),
+}
+
+impl Pem {
+    fn read(&self, what: &str) -> Result<Vec<u8>, StoreError> {
+        match self {
+            Pem::Bytes(b) => Ok(b.clone()),
+            Pem::File(path) => std::fs::read(path).map_err(|e| {
+                StoreError::new(
+                    StoreErrorKind::Other,
+                    format!("the {what} file {}: {e}", path.display()),
+                )
+            }),
+        }
+    }
+}
+
+impl std::fmt::Debug for Pem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            // A client key is a secret: its bytes are never printed.
+            Pem::Bytes(b) => write!(f, "<{} bytes of PEM>", b.len()),
+            Pem::File(path) => write!(f, "{}", path.display()),
+        }
+    }
+}
+
+/// What a `rediss://` connection trusts and presents beyond the defaults (the system's
+/// roots, no client certificate).
+#[derive(Debug, Clone, Default)]
+struct Tls {
+    ca: Option<Pem>,
+    client: Option<(Pem, Pem)>,
+}
+
+impl Tls {
+    fn certificates(&self) -> Result<Option<TlsCertificates>, StoreError> {
+        if self.ca.is_none() && self.client.is_none() {
+            return Ok(None);
+        }
+        let root_cert = match &self.ca {
+            Some(ca) => Some(ca.read("certificate authority")?),
+            None => None,
+        };
+        let client_tls = match &self.client {
+            Some((cert, key)) => Some(ClientTlsConfig {
+                client_cert: cert.read("client certificate")?,
+                client_key: key.read("client key")?,
+            }),
+            None => None,
+        };
+        Ok(Some(TlsCertificates {
+            client_tls,
+            root_cert,
+        }))
+    }
 }
 
 /// Connections per single-server store: two let Redis and the client work at once.
@@ -71,6 +155,8 @@ impl Default for RedisStoreBuilder {
             eviction: EvictionCheck::Warn,
             coalesce: true,
             connections: DEFAULT_CONNECTIONS,
+            tls: Tls::default(),
+            credentials: None,
         }
     }
 }
@@ -217,6 +303,165 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Trust only this certificate authority (PEM) for a `rediss://` server's certificate,
+    /// instead of the system's roots: a managed Redis whose certificate a private
+    /// authority signed. Read when the store connects; a file that cannot be read fails the
+    /// connect. Given with a plain `redis://` URL, the connect fails rather than talk in
+    /// plain text.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), idemkit_core::StoreError> {
+    /// let store = idemkit_redis::RedisStore::builder()
+    ///     .tls_ca_file("/etc/idemkit/redis-ca.pem")
+    ///     .connect("rediss://app:secret@redis.internal:6380")
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn tls_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.tls.ca = Some(Pem::File(path.into()));
+        self
+    }
+
+    /// [`tls_ca_file`](Self::tls_ca_file) with the PEM's bytes.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn run(ca: Vec<u8>) -> Result<(), idemkit_core::StoreError> {
+    /// let store = idemkit_redis::RedisStore::builder()
+    ///     .tls_ca_pem(ca)
+    ///     .connect("rediss://redis.internal:6380")
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.ca = Some(Pem::Bytes(pem.into()));
+        self
+    }
+
+    /// The client certificate and its private key (PEM files) a `rediss://` server that
+    /// authenticates clients by certificate asks for (`tls-auth-clients yes`). Read when the
+    /// store connects.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), idemkit_core::StoreError> {
+    /// let store = idemkit_redis::RedisStore::builder()
+    ///     .tls_ca_file("ca.pem")
+    ///     .tls_client_cert_files("client.pem", "client.key")
+    ///     .connect("rediss://redis.internal:6380")
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn tls_client_cert_files(
+        mut self,
+        cert: impl Into<PathBuf>,
+        key: impl Into<PathBuf>,
+    ) -> Self {
+        self.tls.client = Some((Pem::File(cert.into()), Pem::File(key.into())));
+        self
+    }
+
+    /// [`tls_client_cert_files`](Self::tls_client_cert_files) with the PEMs' bytes.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn run(cert: Vec<u8>, key: Vec<u8>) -> Result<(), idemkit_core::StoreError> {
+    /// let store = idemkit_redis::RedisStore::builder()
+    ///     .tls_client_cert_pem(cert, key)
+    ///     .connect("rediss://redis.internal:6380")
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn tls_client_cert_pem(
+        mut self,
+        cert: impl Into<Vec<u8>>,
+        key: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.client = Some((Pem::Bytes(cert.into()), Pem::Bytes(key.into())));
+        self
+    }
+
+    /// Authenticates as an ACL user (`AUTH username password`), overriding any user and
+    /// password in the URL. The user needs the store's commands (`EVAL`, `EVALSHA`,
+    /// `SCRIPT`, `GET`, `SET`, `SUBSCRIBE`; `WAIT` for the durability guard) on its keys and
+    /// channels, which all start with the [prefix](Self::prefix) and a colon: `~prefix:*
+    /// &prefix:*`. `CONFIG` may be refused (the eviction check then only warns).
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), idemkit_core::StoreError> {
+    /// // ACL SETUSER worker on >s3cret ~jobs:* &jobs:* +@all -@dangerous
+    /// let store = idemkit_redis::RedisStore::builder()
+    ///     .prefix("jobs")
+    ///     .user("worker", "s3cret")
+    ///     .connect("redis://127.0.0.1:6379")
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn user(mut self, username: impl Into<String>, password: impl Into<String>) -> Self {
+        self.credentials = Some(Credentials {
+            user: Some(username.into()),
+            password: password.into(),
+        });
+        self
+    }
+
+    /// Authenticates the default user with `password` (`requirepass`), overriding any in the
+    /// URL.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), idemkit_core::StoreError> {
+    /// let store = idemkit_redis::RedisStore::builder()
+    ///     .password("s3cret")
+    ///     .connect("redis://127.0.0.1:6379")
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn password(mut self, password: impl Into<String>) -> Self {
+        self.credentials = Some(Credentials {
+            user: None,
+            password: password.into(),
+        });
+        self
+    }
+
+    /// A node's connection info with the builder's credentials and RESP3.
+    fn connection_info(&self, info: ConnectionInfo) -> ConnectionInfo {
+        let mut settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3);
+        if let Some(credentials) = &self.credentials {
+            if let Some(user) = &credentials.user {
+                settings = settings.set_username(user);
+            }
+            settings = settings.set_password(&credentials.password);
+        }
+        info.set_redis_settings(settings)
+    }
+
+    /// A client for one server, with the builder's TLS material (refused on a plain URL).
+    fn client(&self, info: ConnectionInfo) -> Result<redis::Client, StoreError> {
+        let info = self.connection_info(info);
+        match self.tls.certificates()? {
+            None => redis::Client::open(info).map_err(map_err),
+            Some(certs) => {
+                if !matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) {
+                    return Err(plain_url_with_tls());
+                }
+                redis::Client::build_with_tls(info, certs).map_err(map_err)
+            }
+        }
+    }
+
     /// How long connecting may take (default 1 s).
     ///
     /// # Example
@@ -227,8 +472,12 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Connects to one Redis server (a `redis://` URL). The connection reconnects by itself;
-    /// calls made while it is down fail as [`StoreErrorKind::Unavailable`].
+    /// Connects to one Redis server: a `redis://` URL, or `rediss://` for TLS (the server's
+    /// certificate checked against the system's roots, or [`tls_ca_file`](Self::tls_ca_file);
+    /// `rediss://…/#insecure` skips the check, for tests only). A user and password in the
+    /// URL (`redis://user:password@host:port/db`) authenticate as that ACL user. The
+    /// connection reconnects by itself; calls made while it is down fail as
+    /// [`StoreErrorKind::Unavailable`].
     ///
     /// # Errors
     ///
@@ -238,13 +487,9 @@ impl RedisStoreBuilder {
     ///
     /// See [`RedisStore::builder`].
     pub async fn connect(self, url: &str) -> Result<RedisStore, StoreError> {
+        crypto_provider();
         let info = url.into_connection_info().map_err(map_err)?;
-        let settings = info
-            .redis_settings()
-            .clone()
-            .set_protocol(ProtocolVersion::RESP3);
-        let info = info.set_redis_settings(settings);
-        let client = redis::Client::open(info).map_err(map_err)?;
+        let client = self.client(info)?;
         let waiters = Arc::new(Waiters::default());
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(self.response_timeout))
@@ -273,7 +518,8 @@ impl RedisStoreBuilder {
         .await
     }
 
-    /// Connects to a Redis Cluster through any of its nodes.
+    /// Connects to a Redis Cluster through any of its nodes (`redis://`, or `rediss://` for a
+    /// Cluster over TLS: the builder's TLS material and credentials apply to every node).
     ///
     /// # Errors
     ///
@@ -287,14 +533,28 @@ impl RedisStoreBuilder {
         I: IntoIterator<Item = U>,
         U: IntoConnectionInfo,
     {
+        crypto_provider();
         let waiters = Arc::new(Waiters::default());
-        let client = ClusterClientBuilder::new(nodes)
+        let nodes = nodes
+            .into_iter()
+            .map(|n| n.into_connection_info().map(|i| self.connection_info(i)))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(map_err)?;
+        let tls = nodes
+            .iter()
+            .any(|n| matches!(n.addr(), redis::ConnectionAddr::TcpTls { .. }));
+        let mut builder = ClusterClientBuilder::new(nodes)
             .use_protocol(ProtocolVersion::RESP3)
             .response_timeout(self.response_timeout)
             .connection_timeout(self.connection_timeout)
-            .push_sender(push_handler(waiters.clone()))
-            .build()
-            .map_err(map_err)?;
+            .push_sender(push_handler(waiters.clone()));
+        if let Some(certs) = self.tls.certificates()? {
+            if !tls {
+                return Err(plain_url_with_tls());
+            }
+            builder = builder.certs(certs);
+        }
+        let client = builder.build().map_err(map_err)?;
         let conn = Conn::Cluster(client.get_async_connection().await.map_err(map_err)?);
         self.finish(conn, Vec::new(), Opener::Cluster(Box::new(client)), waiters)
             .await
@@ -350,6 +610,25 @@ impl RedisStoreBuilder {
         }
         Some(self.response_timeout * 6 + self.connection_timeout.max(self.response_timeout))
     }
+}
+
+/// Makes sure rustls has a process-wide crypto provider for `rediss://` connections: ring,
+/// unless the application installed one (which is then used). Without it, rustls picks one
+/// from its crate features, and panics in a build where both ring and aws-lc-rs are on.
+fn crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Another thread may install one first: either is fine.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
+/// TLS material given for a plain `redis://` URL: refused, never sent in plain text.
+fn plain_url_with_tls() -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Other,
+        "a certificate authority or client certificate was given, but the URL is redis:// \
+         (plain text): use rediss://",
+    )
 }
 
 /// Called by the connection for every push message: wakes the waiters of its channel.

@@ -96,11 +96,15 @@ impl Caps {
 
 /// Asks the server whether it has `SET … IFEQ`: a conditional `SET` of a key that does not
 /// exist writes nothing where the option exists, and is a syntax error where it does not.
-/// `None`: refused for another reason (`READONLY`, `OOM`, `NOPERM`), no answer.
+/// The key has the shape of the store's own (`{prefix}:{<hash tag>}:…`), so an ACL user
+/// limited to the store's keys may send it; one refused anyway (`NOPERM`: a user allowed
+/// only some commands or keys) is a "no", kept like any answer, so completions go to the
+/// script the user may run rather than ask again each time. `None`: refused for a passing
+/// reason (`READONLY` on a replica, `OOM`), no answer.
 async fn probe(conn: &mut Conn, prefix: &str) -> Result<Option<bool>, StoreError> {
     let reply = Cmd::new()
         .arg("SET")
-        .arg(format!("{prefix}:ifeq-probe"))
+        .arg(probe_key(prefix))
         .arg("")
         .arg("IFEQ")
         .arg(&idemkit_core::OwnerToken::random().as_u128().to_be_bytes()[..])
@@ -108,10 +112,20 @@ async fn probe(conn: &mut Conn, prefix: &str) -> Result<Option<bool>, StoreError
         .await;
     match reply {
         Ok(_) => Ok(Some(true)),
-        Err(e) if is_refusal(&e) => Ok(Some(false)),
+        Err(e) if is_refusal(&e) || e.code() == Some("NOPERM") => Ok(Some(false)),
         Err(e) if e.code().is_some() => Ok(None),
         Err(e) => Err(map_err(e)),
     }
+}
+
+/// The probe's key: a record key of the store's shape, for the storage key of an operation
+/// named `idemkit.probe`. Were a record there, the probe would leave it as it is: the
+/// comparison with a random owner token fails and nothing is written.
+fn probe_key(prefix: &str) -> String {
+    use idemkit_core::{Key, Operation, StorageKey};
+    let op = Operation::new("idemkit.probe").expect("a valid operation name");
+    let key = Key::new("ifeq").expect("a valid key");
+    crate::keys::key_for(prefix, &StorageKey::new(&op, None, &key))
 }
 
 /// A server's refusal of the command itself, `ERR syntax error` (not of its key, nor its
