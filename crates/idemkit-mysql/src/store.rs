@@ -196,8 +196,18 @@ impl MySqlStoreBuilder {
     ///
     /// # Errors
     ///
-    /// [`StoreError`]: `Other` if the name or the URL is refused, `Unavailable` if the server
-    /// cannot be reached.
+    /// [`StoreError`]: `Other` if the name or the URL is refused, TLS fails (a certificate
+    /// not trusted, a server without TLS under `ssl-mode=REQUIRED`) or the login is refused;
+    /// `Unavailable` if the server cannot be reached.
+    ///
+    /// # TLS
+    ///
+    /// The URL's `ssl-mode` decides: `DISABLED`; `PREFERRED` (the default: TLS when the
+    /// server offers it, else plain text); `REQUIRED` (TLS, the certificate not checked);
+    /// `VERIFY_CA` (TLS, the certificate signed by `ssl-ca` or, without it, by a root of the
+    /// system's store); `VERIFY_IDENTITY` (as `VERIFY_CA`, and the host name is the
+    /// certificate's). `ssl-cert` and `ssl-key` give a client certificate. A managed MySQL:
+    /// `mysql://app:secret@db.example.com/app?ssl-mode=VERIFY_IDENTITY&ssl-ca=/etc/idemkit/db-ca.pem`.
     ///
     /// # Example
     ///
@@ -213,7 +223,7 @@ impl MySqlStoreBuilder {
             .acquire_timeout(Duration::from_secs(5))
             .connect_with(options)
             .await
-            .map_err(StoreError::unavailable)?;
+            .map_err(connect_error)?;
         self.build(pool)
             .map_err(|e| StoreError::new(StoreErrorKind::Other, e))
     }
@@ -658,3 +668,29 @@ impl RawStore for MySqlStore {
         Ok(n > 0)
     }
 }
+
+/// A failed first connect: a TLS failure (a certificate not trusted, a server without TLS
+/// under `sslmode=require`) or a refused login is a configuration to fix, not an outage to
+/// wait out; anything else (a server down, a timeout) is `Unavailable`.
+fn connect_error(e: sqlx::Error) -> StoreError {
+    let refused_login = matches!(
+        &e,
+        sqlx::Error::Database(db) if db.code().is_some_and(|c| LOGIN_REFUSED.contains(&c.as_ref()))
+    );
+    match e {
+        sqlx::Error::Tls(_) | sqlx::Error::Configuration(_) => {
+            StoreError::new(StoreErrorKind::Other, e)
+        }
+        // rustls' handshake errors (`InvalidCertificate(UnknownIssuer)`, a name mismatch)
+        // come as I/O errors of invalid data: a peer that answered, wrongly.
+        sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::InvalidData => {
+            StoreError::new(StoreErrorKind::Other, sqlx::Error::Io(io))
+        }
+        _ if refused_login => StoreError::new(StoreErrorKind::Other, e),
+        e => StoreError::unavailable(e),
+    }
+}
+
+/// SQLSTATEs of a refused login: `28000` (access denied), `42000` (no such database,
+/// `ER_BAD_DB_ERROR` 1049).
+const LOGIN_REFUSED: [&str; 2] = ["28000", "42000"];

@@ -177,7 +177,18 @@ impl PgStoreBuilder {
     /// # Errors
     ///
     /// [`StoreError`]: `Other` if a name is refused (its source is the [`NameError`]: nothing
-    /// was connected) or the URL is invalid, `Unavailable` if the server cannot be reached.
+    /// was connected), the URL is invalid, TLS fails (a certificate not trusted, a server
+    /// without TLS under `sslmode=require`) or the login is refused; `Unavailable` if the
+    /// server cannot be reached.
+    ///
+    /// # TLS
+    ///
+    /// The URL's `sslmode` decides, as libpq's does: `disable`; `prefer` (the default: TLS
+    /// when the server offers it, else plain text); `require` (TLS, the certificate not
+    /// checked); `verify-ca` (TLS, the certificate signed by `sslrootcert` or, without it,
+    /// by a root of the system's store); `verify-full` (as `verify-ca`, and the host name
+    /// is the certificate's). `sslcert` and `sslkey` give a client certificate. A managed
+    /// PostgreSQL: `postgres://app:secret@db.example.com/app?sslmode=verify-full&sslrootcert=/etc/idemkit/db-ca.pem`.
     ///
     /// # Example
     ///
@@ -201,8 +212,34 @@ impl PgStoreBuilder {
             .acquire_timeout(Duration::from_secs(5))
             .connect_with(options)
             .await
-            .map_err(StoreError::unavailable)?;
+            .map_err(connect_error)?;
         self.build(pool)
             .map_err(|e| StoreError::new(StoreErrorKind::Other, e))
     }
 }
+
+/// A failed first connect: a TLS failure (a certificate not trusted, a server without TLS
+/// under `sslmode=require`) or a refused login is a configuration to fix, not an outage to
+/// wait out; anything else (a server down, a timeout) is `Unavailable`.
+fn connect_error(e: sqlx::Error) -> StoreError {
+    let refused_login = matches!(
+        &e,
+        sqlx::Error::Database(db) if db.code().is_some_and(|c| LOGIN_REFUSED.contains(&c.as_ref()))
+    );
+    match e {
+        sqlx::Error::Tls(_) | sqlx::Error::Configuration(_) => {
+            StoreError::new(StoreErrorKind::Other, e)
+        }
+        // rustls' handshake errors (`InvalidCertificate(UnknownIssuer)`, a name mismatch)
+        // come as I/O errors of invalid data: a peer that answered, wrongly.
+        sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::InvalidData => {
+            StoreError::new(StoreErrorKind::Other, sqlx::Error::Io(io))
+        }
+        _ if refused_login => StoreError::new(StoreErrorKind::Other, e),
+        e => StoreError::unavailable(e),
+    }
+}
+
+/// SQLSTATEs of a refused login: `28000` (no such role or `pg_hba.conf` entry), `28P01`
+/// (wrong password), `3D000` (no such database).
+const LOGIN_REFUSED: [&str; 3] = ["28000", "28P01", "3D000"];

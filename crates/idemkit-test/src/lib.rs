@@ -42,6 +42,7 @@ pub mod coordinator;
 mod effects;
 #[cfg(feature = "fault-points")]
 pub mod faults;
+pub mod mysql_server;
 pub mod pg_server;
 mod probe;
 pub mod redis_server;

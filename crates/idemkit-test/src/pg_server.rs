@@ -56,11 +56,30 @@ fn tool(name: &str, args: &[&str]) -> bool {
 pub struct PgServer {
     dir: PathBuf,
     port: u16,
+    tls: bool,
 }
 
 impl PgServer {
     /// `initdb` and start; the error says what is missing.
     pub fn start() -> Result<Self, String> {
+        Self::start_inner(None)
+    }
+
+    /// [`start`](Self::start) with TLS on (`ssl=on`), serving `certs`' server certificate
+    /// (for `127.0.0.1` and `localhost`); plain connections are still accepted.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// let certs = idemkit_test::tls::TestCerts::make().expect("openssl");
+    /// let server = idemkit_test::pg_server::PgServer::start_tls(&certs).expect("PostgreSQL");
+    /// # let _ = server.url();
+    /// ```
+    pub fn start_tls(certs: &crate::tls::TestCerts) -> Result<Self, String> {
+        Self::start_inner(Some(certs))
+    }
+
+    fn start_inner(certs: Option<&crate::tls::TestCerts>) -> Result<Self, String> {
         if bin().is_none() {
             return Err(
                 "PostgreSQL server binaries (/usr/lib/postgresql/<version>/bin, or PG_BIN)".into(),
@@ -76,7 +95,11 @@ impl PgServer {
             .args(["postgres:postgres", &dir.to_string_lossy()])
             .status();
         let data = dir.join("data");
-        let server = PgServer { dir, port };
+        let server = PgServer {
+            dir,
+            port,
+            tls: certs.is_some(),
+        };
         let made = tool(
             "initdb",
             &[
@@ -89,6 +112,20 @@ impl PgServer {
                 "--no-sync",
             ],
         );
+        if let (true, Some(certs)) = (made, certs) {
+            // The server wants its key its own and private: copies in its directory.
+            for (from, to) in [
+                (certs.server_cert(), "server.crt"),
+                (certs.server_key(), "server.key"),
+            ] {
+                std::fs::copy(&from, server.dir.join(to)).map_err(|e| e.to_string())?;
+                let to = server.dir.join(to).to_string_lossy().into_owned();
+                let _ = Command::new("chown")
+                    .args(["postgres:postgres", &to])
+                    .status();
+                let _ = Command::new("chmod").args(["600", &to]).status();
+            }
+        }
         if made && server.ctl(&["start"]) {
             Ok(server)
         } else {
@@ -106,11 +143,17 @@ impl PgServer {
         let log = self.dir.join("log");
         // fsync off: a killed server keeps what it committed (the OS has it); only a
         // machine crash would need the fsyncs.
-        let opts = format!(
+        let mut opts = format!(
             "-p {} -k {} -c fsync=off -c max_connections=200",
             self.port,
             self.dir.display()
         );
+        if self.tls {
+            let dir = self.dir.display();
+            opts.push_str(&format!(
+                " -c ssl=on -c ssl_cert_file={dir}/server.crt -c ssl_key_file={dir}/server.key"
+            ));
+        }
         let (data, log) = (data.to_string_lossy(), log.to_string_lossy());
         let mut args = vec!["-D", &data, "-o", &opts, "-l", &log, "-w"];
         args.extend_from_slice(what);
