@@ -150,32 +150,84 @@ where
     Ok(())
 }
 
+/// What decides how a Redis connection is secured and authenticated, beyond its URL:
+/// redis-py's names (`ssl_ca_certs`, `ssl_certfile`, `ssl_keyfile`: PEM files) and an ACL
+/// user's name and password.
+#[derive(Default, FromPyObject)]
+pub(crate) struct RedisAuth {
+    #[pyo3(item)]
+    ssl_ca_certs: Option<String>,
+    #[pyo3(item)]
+    ssl_certfile: Option<String>,
+    #[pyo3(item)]
+    ssl_keyfile: Option<String>,
+    #[pyo3(item)]
+    username: Option<String>,
+    #[pyo3(item)]
+    password: Option<String>,
+}
+
+impl RedisAuth {
+    fn apply(
+        self,
+        mut builder: idemkit_redis::RedisStoreBuilder,
+    ) -> Result<idemkit_redis::RedisStoreBuilder, idemkit_core::StoreError> {
+        if let Some(ca) = self.ssl_ca_certs {
+            builder = builder.tls_ca_file(ca);
+        }
+        match (self.ssl_certfile, self.ssl_keyfile) {
+            (Some(cert), Some(key)) => builder = builder.tls_client_cert_files(cert, key),
+            (None, None) => {}
+            _ => {
+                return Err(idemkit_core::StoreError::new(
+                    idemkit_core::StoreErrorKind::Other,
+                    "ssl_certfile and ssl_keyfile go together: a client certificate needs its key",
+                ));
+            }
+        }
+        match (self.username, self.password) {
+            (Some(user), Some(password)) => builder = builder.user(user, password),
+            (None, Some(password)) => builder = builder.password(password),
+            (Some(_), None) => {
+                return Err(idemkit_core::StoreError::new(
+                    idemkit_core::StoreErrorKind::Other,
+                    "a username needs its password",
+                ));
+            }
+            (None, None) => {}
+        }
+        Ok(builder)
+    }
+}
+
 /// Connects to Redis (one node); `bridge` gets the store under `id`. `prefix` is the Redis
 /// key prefix every record lives under (the Rust crate's default, `idemkit`, so both
 /// languages share records by default).
 #[pyfunction]
-#[pyo3(signature = (bridge, id, url, prefix=None))]
+#[pyo3(signature = (bridge, id, url, prefix=None, auth=None))]
 pub(crate) fn redis_store(
     bridge: &Bridge,
     id: u64,
     url: String,
     prefix: Option<String>,
+    auth: Option<RedisAuth>,
 ) -> PyResult<()> {
-    connect_redis(bridge, id, prefix, move |builder| async move {
+    connect_redis(bridge, id, prefix, auth, move |builder| async move {
         builder.connect(&url).await
     })
 }
 
 /// Connects to a Redis Cluster through any of its nodes.
 #[pyfunction]
-#[pyo3(signature = (bridge, id, urls, prefix=None))]
+#[pyo3(signature = (bridge, id, urls, prefix=None, auth=None))]
 pub(crate) fn redis_cluster_store(
     bridge: &Bridge,
     id: u64,
     urls: Vec<String>,
     prefix: Option<String>,
+    auth: Option<RedisAuth>,
 ) -> PyResult<()> {
-    connect_redis(bridge, id, prefix, async move |builder| {
+    connect_redis(bridge, id, prefix, auth, async move |builder| {
         builder
             .connect_cluster(urls.iter().map(String::as_str))
             .await
@@ -186,6 +238,7 @@ pub(crate) fn connect_redis<F, Fut>(
     bridge: &Bridge,
     id: u64,
     prefix: Option<String>,
+    auth: Option<RedisAuth>,
     connect: F,
 ) -> PyResult<()>
 where
@@ -197,7 +250,11 @@ where
         if let Some(prefix) = prefix {
             builder = builder.prefix(prefix);
         }
-        match connect(builder).await {
+        let connected = match auth.unwrap_or_default().apply(builder) {
+            Ok(builder) => connect(builder).await,
+            Err(e) => Err(e),
+        };
+        match connected {
             Ok(store) => {
                 Reply::Connected(Store::connected(DynStore::with_raw(store), "RedisStore"))
             }

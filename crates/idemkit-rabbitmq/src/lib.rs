@@ -121,6 +121,7 @@ pub type Settled<'a, T> = idemkit_runner::Settled<'a, Message, T>;
 pub struct RabbitRunner<S, K, H: Handle<Message>> {
     uri: String,
     properties: ConnectionProperties,
+    tls: Option<Arc<Tls>>,
     queue: String,
     settler: Settler<S, K, H, Message>,
     concurrency: u16,
@@ -176,12 +177,45 @@ where
         RabbitRunner {
             uri: uri.into(),
             properties: ConnectionProperties::default(),
+            tls: None,
             queue: queue.into(),
             settler: Settler::new(processor),
             concurrency: 16,
             prefetch: None,
             dead_letter: None,
         }
+    }
+
+    /// Trust only this certificate authority (a PEM file) for an `amqps://` broker's
+    /// certificate, instead of the system's roots, and present a client certificate if
+    /// `client` names one (its certificate and its PKCS#8 private key, PEM files), for a
+    /// broker with `ssl_options.fail_if_no_peer_cert`. The files are read when the runner
+    /// connects; one that cannot be read fails [`run`](Self::run) with the first
+    /// connection. An `amqps://` URI without this checks the broker against the system's
+    /// roots.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # fn f(processor: idemkit_core::Processor<idemkit_core::MemoryStore, impl Fn(&idemkit_rabbitmq::Message) -> Result<idemkit_core::Key, idemkit_core::KeyError> + Send + Sync + 'static, idemkit_runner::Json<impl Fn(idemkit_core::Attempt, ()) -> std::future::Ready<Result<(), std::io::Error>> + Send + Sync + 'static>>) {
+    /// let runner = idemkit_rabbitmq::RabbitRunner::new(
+    ///     "amqps://app:secret@rabbit.internal:5671/%2f",
+    ///     "orders.paid",
+    ///     processor,
+    /// )
+    /// .tls_ca_file("/etc/idemkit/rabbit-ca.pem", None);
+    /// # drop(runner); }
+    /// ```
+    pub fn tls_ca_file(
+        mut self,
+        ca: impl Into<std::path::PathBuf>,
+        client: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    ) -> Self {
+        self.tls = Some(Arc::new(Tls {
+            ca: ca.into(),
+            client,
+        }));
+        self
     }
 
     /// The connection's properties (a connection name, an auth provider), instead of
@@ -267,7 +301,7 @@ where
             let opened = tokio::select! {
                 biased;
                 () = &mut shutdown => break 'connect,
-                opened = open(&self.uri, &self.properties, &shared.queue, prefetch) => opened,
+                opened = open(&self.uri, &self.properties, self.tls.as_deref(), &shared.queue, prefetch) => opened,
             };
             let (session, mut consumer) = match opened {
                 Ok(opened) => opened,
@@ -351,6 +385,37 @@ where
     }
 }
 
+/// What an `amqps://` connection trusts and presents (see [`RabbitRunner::tls_ca_file`]).
+#[derive(Debug)]
+struct Tls {
+    ca: std::path::PathBuf,
+    client: Option<(std::path::PathBuf, std::path::PathBuf)>,
+}
+
+impl Tls {
+    fn config(&self) -> lapin::Result<lapin::tcp::OwnedTLSConfig> {
+        let read = |path: &std::path::Path| {
+            std::fs::read(path).map_err(|e| {
+                lapin::Error::from(lapin::ErrorKind::IOError(std::sync::Arc::new(
+                    std::io::Error::new(e.kind(), format!("{}: {e}", path.display())),
+                )))
+            })
+        };
+        let cert_chain = String::from_utf8_lossy(&read(&self.ca)?).into_owned();
+        let identity = match &self.client {
+            Some((cert, key)) => Some(lapin::tcp::OwnedIdentity::PKCS8 {
+                pem: read(cert)?,
+                key: read(key)?,
+            }),
+            None => None,
+        };
+        Ok(lapin::tcp::OwnedTLSConfig {
+            identity,
+            cert_chain: Some(cert_chain),
+        })
+    }
+}
+
 /// The first pause before connecting again, doubled up to [`RECONNECT_MAX`].
 const RECONNECT_FIRST: Duration = Duration::from_millis(100);
 const RECONNECT_MAX: Duration = Duration::from_secs(5);
@@ -359,10 +424,22 @@ const RECONNECT_MAX: Duration = Duration::from_secs(5);
 async fn open(
     uri: &str,
     properties: &ConnectionProperties,
+    tls: Option<&Tls>,
     queue: &str,
     prefetch: u16,
 ) -> lapin::Result<(Session, lapin::Consumer)> {
-    let connection = Connection::connect(uri, properties.clone()).await?;
+    let connection = match tls {
+        None => Connection::connect(uri, properties.clone()).await?,
+        Some(tls) => {
+            Connection::connect_with_config(
+                uri,
+                properties.clone(),
+                tls.config()?,
+                lapin::runtime::default_runtime()?,
+            )
+            .await?
+        }
+    };
     let channel = connection.create_channel().await?;
     channel
         .basic_qos(prefetch, BasicQosOptions::default())

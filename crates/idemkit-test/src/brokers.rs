@@ -151,7 +151,58 @@ pub fn rabbitmq_consumer_timeout() -> Option<String> {
     found.filter(|_| up)
 }
 
+/// A RabbitMQ node of the test's own with a TLS listener serving `certs`' server
+/// certificate (clients are not asked for one) beside its plain one: `(amqps, amqp)` URIs,
+/// or `None` if it did not start (the caller decides: [`crate::require_service`]). Started
+/// as [`rabbitmq_consumer_timeout`]'s node is; ends with the test process (`timeout`).
+///
+/// # Example
+///
+/// ```no_run
+/// let certs = idemkit_test::tls::TestCerts::make().expect("openssl");
+/// let Some((amqps, amqp)) = idemkit_test::brokers::rabbitmq_tls_node(&certs) else { return };
+/// # let _ = (amqps, amqp);
+/// ```
+pub fn rabbitmq_tls_node(certs: &crate::tls::TestCerts) -> Option<(String, String)> {
+    let tls_port = TcpListener::bind("127.0.0.1:0")
+        .ok()?
+        .local_addr()
+        .ok()?
+        .port();
+    let conf = format!(
+        "listeners.ssl.default = 127.0.0.1:{tls_port}\n\
+         ssl_options.cacertfile = {}\n\
+         ssl_options.certfile = {}\n\
+         ssl_options.keyfile = {}\n\
+         ssl_options.verify = verify_none\n\
+         ssl_options.fail_if_no_peer_cert = false\n",
+        certs.ca().display(),
+        certs.server_cert().display(),
+        certs.server_key().display(),
+    );
+    let amqp = start_rabbitmq_node(&conf, "[].\n")?;
+    // The TLS listener opens with the plain one; wait for it too.
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", tls_port)).is_ok() {
+            let amqps = format!("amqps://guest:guest@127.0.0.1:{tls_port}/%2f");
+            return Some((amqps, amqp));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    None
+}
+
 fn rabbitmq_node() -> Option<String> {
+    // The channel checks its deliveries' age on each tick: every minute by default.
+    start_rabbitmq_node(
+        "consumer_timeout = 2000\n",
+        "[{rabbit, [{channel_tick_interval, 500}]}].\n",
+    )
+}
+
+/// Starts a node with `conf` (beside its plain listener) and `advanced` config; its
+/// `amqp://` URI.
+fn start_rabbitmq_node(conf: &str, advanced: &str) -> Option<String> {
     let bin = std::env::var("RABBITMQ_SERVER").ok().unwrap_or_else(|| {
         // Debian's /usr/sbin wrapper would run it as the rabbitmq user, who cannot write
         // this process's temporary directory.
@@ -176,15 +227,10 @@ fn rabbitmq_node() -> Option<String> {
     std::fs::create_dir_all(&dir).ok()?;
     std::fs::write(
         dir.join("rabbitmq.conf"),
-        format!("listeners.tcp.default = 127.0.0.1:{port}\nconsumer_timeout = 2000\n"),
+        format!("listeners.tcp.default = 127.0.0.1:{port}\n{conf}"),
     )
     .ok()?;
-    // The channel checks its deliveries' age on each tick: every minute by default.
-    std::fs::write(
-        dir.join("advanced.config"),
-        "[{rabbit, [{channel_tick_interval, 500}]}].\n",
-    )
-    .ok()?;
+    std::fs::write(dir.join("advanced.config"), advanced).ok()?;
     std::fs::write(dir.join("enabled_plugins"), "[].\n").ok()?;
     Command::new("timeout")
         .arg("900")

@@ -55,33 +55,108 @@ class RedisStore(Store):
 
     ``prefix`` is the prefix of every Redis key (default ``idemkit``, the Rust crate's): a
     Python worker and a Rust service with the same prefix share records.
+
+    TLS: a ``rediss://`` URL, the server's certificate checked against the system's roots,
+    or only against ``ssl_ca_certs`` (a PEM file) when given; ``ssl_certfile`` and
+    ``ssl_keyfile`` present a client certificate to a server that asks for one. TLS options
+    with a plain ``redis://`` URL are refused, never sent in plain text. Auth: an ACL user's
+    ``username`` and ``password`` (or ``redis://user:password@host``), or ``password`` alone
+    for the default user. A refused certificate or login raises ``StoreError`` (not
+    ``StoreUnavailable``): nothing to wait out.
     """
 
     __slots__ = ()
 
     @classmethod
-    async def connect(cls, url: str = "redis://127.0.0.1:6379", *, prefix: str | None = None) -> RedisStore:
+    async def connect(
+        cls,
+        url: str = "redis://127.0.0.1:6379",
+        *,
+        prefix: str | None = None,
+        ssl_ca_certs: str | None = None,
+        ssl_certfile: str | None = None,
+        ssl_keyfile: str | None = None,
+        username: str | None = None,
+        password: str | None = None,
+    ) -> RedisStore:
         """Connects to one Redis (or Valkey) server; raises ``StoreUnavailable`` if it cannot."""
-        return cls(await _reply(_native.redis_store, url, prefix))
+        auth = _redis_auth(ssl_ca_certs, ssl_certfile, ssl_keyfile, username, password)
+        return cls(await _reply(_native.redis_store, url, prefix, auth))
 
     @classmethod
-    async def connect_cluster(cls, urls: Sequence[str], *, prefix: str | None = None) -> RedisStore:
-        """Connects to a Redis Cluster through any of ``urls``."""
-        return cls(await _reply(_native.redis_cluster_store, list(urls), prefix))
+    async def connect_cluster(
+        cls,
+        urls: Sequence[str],
+        *,
+        prefix: str | None = None,
+        ssl_ca_certs: str | None = None,
+        ssl_certfile: str | None = None,
+        ssl_keyfile: str | None = None,
+        username: str | None = None,
+        password: str | None = None,
+    ) -> RedisStore:
+        """Connects to a Redis Cluster through any of ``urls`` (``rediss://`` for TLS)."""
+        auth = _redis_auth(ssl_ca_certs, ssl_certfile, ssl_keyfile, username, password)
+        return cls(await _reply(_native.redis_cluster_store, list(urls), prefix, auth))
 
     @classmethod
-    def connect_sync(cls, url: str = "redis://127.0.0.1:6379", *, prefix: str | None = None) -> RedisStore:
+    def connect_sync(
+        cls,
+        url: str = "redis://127.0.0.1:6379",
+        *,
+        prefix: str | None = None,
+        ssl_ca_certs: str | None = None,
+        ssl_certfile: str | None = None,
+        ssl_keyfile: str | None = None,
+        username: str | None = None,
+        password: str | None = None,
+    ) -> RedisStore:
         """``connect`` for code outside an event loop: blocks this thread (not the GIL)."""
-        return cls(_reply_sync(_native.redis_store, url, prefix))
+        auth = _redis_auth(ssl_ca_certs, ssl_certfile, ssl_keyfile, username, password)
+        return cls(_reply_sync(_native.redis_store, url, prefix, auth))
 
     @classmethod
-    def connect_cluster_sync(cls, urls: Sequence[str], *, prefix: str | None = None) -> RedisStore:
+    def connect_cluster_sync(
+        cls,
+        urls: Sequence[str],
+        *,
+        prefix: str | None = None,
+        ssl_ca_certs: str | None = None,
+        ssl_certfile: str | None = None,
+        ssl_keyfile: str | None = None,
+        username: str | None = None,
+        password: str | None = None,
+    ) -> RedisStore:
         """``connect_cluster`` for code outside an event loop."""
-        return cls(_reply_sync(_native.redis_cluster_store, list(urls), prefix))
+        auth = _redis_auth(ssl_ca_certs, ssl_certfile, ssl_keyfile, username, password)
+        return cls(_reply_sync(_native.redis_cluster_store, list(urls), prefix, auth))
+
+
+def _redis_auth(
+    ssl_ca_certs: str | None,
+    ssl_certfile: str | None,
+    ssl_keyfile: str | None,
+    username: str | None,
+    password: str | None,
+) -> _native._RedisAuth | None:
+    if ssl_ca_certs is None and ssl_certfile is None and ssl_keyfile is None and username is None and password is None:
+        return None
+    return {
+        "ssl_ca_certs": None if ssl_ca_certs is None else os.fspath(ssl_ca_certs),
+        "ssl_certfile": None if ssl_certfile is None else os.fspath(ssl_certfile),
+        "ssl_keyfile": None if ssl_keyfile is None else os.fspath(ssl_keyfile),
+        "username": username,
+        "password": password,
+    }
 
 
 class PostgresStore(Store):
-    """PostgreSQL: one table (default ``idemkit_records``), migrated on connect."""
+    """PostgreSQL: one table (default ``idemkit_records``), migrated on connect.
+
+    TLS follows the URL's ``sslmode``, as libpq's: ``prefer`` (the default), ``require``,
+    ``verify-ca`` and ``verify-full``, with ``sslrootcert`` (and ``sslcert``/``sslkey`` for a
+    client certificate): ``postgres://app:pw@db.example.com/app?sslmode=verify-full&sslrootcert=/etc/ca.pem``.
+    """
 
     __slots__ = ()
 

@@ -1,6 +1,6 @@
 # Type stubs of the native module (src/lib.rs). Private: the public API is idemkit's
 # Python modules, which type-check against these.
-from typing import Any, Literal, final
+from typing import Any, Literal, TypedDict, final
 
 _InFlight = Literal["wait", "reject", "raise", "run"]
 _OnCancel = Literal["keep", "release"]
@@ -67,9 +67,18 @@ class Coordinator:
 
 def memory_store() -> Store: ...
 def _panicking_store(phase: Literal["begin", "complete"]) -> Store: ...
-def redis_store(bridge: Bridge, id: int, url: str, prefix: str | None = None) -> None: ...
+class _RedisAuth(TypedDict):
+    ssl_ca_certs: str | None
+    ssl_certfile: str | None
+    ssl_keyfile: str | None
+    username: str | None
+    password: str | None
+
+def redis_store(
+    bridge: Bridge, id: int, url: str, prefix: str | None = None, auth: _RedisAuth | None = None
+) -> None: ...
 def redis_cluster_store(
-    bridge: Bridge, id: int, urls: list[str], prefix: str | None = None
+    bridge: Bridge, id: int, urls: list[str], prefix: str | None = None, auth: _RedisAuth | None = None
 ) -> None: ...
 def postgres_store(bridge: Bridge, id: int, url: str, table: str | None = None) -> None: ...
 def migrate_inbox(bridge: Bridge, id: int, url: str, schema: str, table: str) -> None: ...
