@@ -82,6 +82,37 @@ pub fn nats() -> Option<String> {
     found.filter(|_| up)
 }
 
+/// A nats-server 2.15 with JetStream of the test's own that requires TLS, serving `certs`'
+/// server certificate: its `tls://` URL, or `None` if it did not start (the caller decides:
+/// [`crate::require_service`]). From the same binary as [`nats`] (`NATS_SERVER`, or the
+/// pip package's); ends with the test process (`timeout`).
+///
+/// # Example
+///
+/// ```no_run
+/// let certs = idemkit_test::tls::TestCerts::make().expect("openssl");
+/// let Some(url) = idemkit_test::brokers::nats_tls(&certs) else { return };
+/// # let _ = url;
+/// ```
+pub fn nats_tls(certs: &crate::tls::TestCerts) -> Option<String> {
+    let bin = std::env::var("NATS_SERVER").ok().or_else(|| {
+        let scripts = python("import sysconfig; print(sysconfig.get_path('scripts'))")?;
+        Some(format!("{scripts}/nats-server"))
+    })?;
+    spawn(|port| {
+        let dir = std::env::temp_dir().join(format!("idemkit-nats-tls-{port}"));
+        let mut c = Command::new(&bin);
+        c.args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
+            .arg(dir)
+            .arg("--tls")
+            .arg("--tlscert")
+            .arg(certs.server_cert())
+            .arg("--tlskey")
+            .arg(certs.server_key());
+        (c, format!("tls://127.0.0.1:{port}"))
+    })
+}
+
 /// RabbitMQ's URI, in lapin's form (`amqp://guest:guest@127.0.0.1:5672/%2f`):
 /// `IDEMKIT_AMQP_URL` (Celery's `…//` form is read as the vhost `/`), or the machine's on
 /// 127.0.0.1:5672 with guest/guest, which `scripts/test` starts if it is down. `None` (a
