@@ -85,6 +85,34 @@
 //! ```
 //!
 //! Messages reach the handler as [`OwnedMessage`]s (detached: the handler may keep them).
+//!
+//! # TLS and SASL
+//!
+//! The `ClientConfig` is librdkafka's, passed through as it is: `security.protocol`
+//! (`SSL`, `SASL_SSL`, `SASL_PLAINTEXT`), `ssl.ca.location`, `ssl.certificate.location`,
+//! `ssl.key.location`, `sasl.mechanisms`, `sasl.username`, `sasl.password`. The dead-letter
+//! producer takes the same `security.protocol`, `ssl.*` and `sasl.*` settings. This crate
+//! builds librdkafka without OpenSSL (nothing to install for a plain-text cluster); for
+//! `SSL`, `SASL_SSL` or SCRAM, enable rdkafka's `ssl-vendored` feature (OpenSSL built from
+//! source) in the application's own manifest, which Cargo unifies with this crate's:
+//!
+//! ```toml
+//! rdkafka = { version = "0.39", features = ["tokio", "ssl-vendored"] }
+//! ```
+//!
+//! ```no_run
+//! # fn f() {
+//! let mut config = rdkafka::ClientConfig::new();
+//! config
+//!     .set("bootstrap.servers", "kafka.internal:9093")
+//!     .set("group.id", "invoices")
+//!     .set("security.protocol", "SASL_SSL")
+//!     .set("ssl.ca.location", "/etc/idemkit/kafka-ca.pem")
+//!     .set("sasl.mechanisms", "SCRAM-SHA-512")
+//!     .set("sasl.username", "invoices")
+//!     .set("sasl.password", "secret");
+//! # drop(config); }
+//! ```
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -198,7 +226,8 @@ where
         }
     }
 
-    /// Dead-letters to `topic` (produced with the consumer's `bootstrap.servers`). Without
+    /// Dead-letters to `topic` (produced with the consumer's `bootstrap.servers` and its
+    /// `security.protocol`, `ssl.*` and `sasl.*` settings). Without
     /// one, a dead-lettered message is logged at `error` and its offset stored: the
     /// partition moves on.
     pub fn dead_letter_topic(mut self, topic: impl Into<String>) -> Self {
@@ -269,10 +298,21 @@ where
                 let bootstrap = config
                     .get("bootstrap.servers")
                     .ok_or(RunnerError::Config("bootstrap.servers"))?;
-                let producer: FutureProducer = ClientConfig::new()
-                    .set("bootstrap.servers", bootstrap)
-                    .set("linger.ms", "0")
-                    .create()?;
+                let mut producer = ClientConfig::new();
+                producer.set("bootstrap.servers", bootstrap);
+                // The consumer's way into the cluster, so a TLS or SASL cluster takes the
+                // dead letters too (a producer without them would talk plain text and fail).
+                for (key, value) in config.config_map() {
+                    if key == "security.protocol"
+                        || key.starts_with("ssl.")
+                        || key.starts_with("ssl_")
+                        || key.starts_with("sasl.")
+                        || key == "client.dns.lookup"
+                    {
+                        producer.set(key, value);
+                    }
+                }
+                let producer: FutureProducer = producer.set("linger.ms", "0").create()?;
                 Some(DeadLetter {
                     producer,
                     topic: topic.clone(),

@@ -489,6 +489,7 @@ impl RedisStoreBuilder {
     pub async fn connect(self, url: &str) -> Result<RedisStore, StoreError> {
         crypto_provider();
         let info = url.into_connection_info().map_err(map_err)?;
+        let tls = matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. });
         let client = self.client(info)?;
         let waiters = Arc::new(Waiters::default());
         let config = ConnectionManagerConfig::new()
@@ -500,13 +501,13 @@ impl RedisStoreBuilder {
         let manager = client
             .get_connection_manager_with_config(config.clone())
             .await
-            .map_err(map_err)?;
+            .map_err(|e| connect_err(e, tls))?;
         let mut more = Vec::with_capacity(self.connections - 1);
         for _ in 1..self.connections {
             let lane = client
                 .get_connection_manager_with_config(config.clone())
                 .await
-                .map_err(map_err)?;
+                .map_err(|e| connect_err(e, tls))?;
             more.push(Conn::Single(lane));
         }
         self.finish(
@@ -555,7 +556,12 @@ impl RedisStoreBuilder {
             builder = builder.certs(certs);
         }
         let client = builder.build().map_err(map_err)?;
-        let conn = Conn::Cluster(client.get_async_connection().await.map_err(map_err)?);
+        let conn = Conn::Cluster(
+            client
+                .get_async_connection()
+                .await
+                .map_err(|e| connect_err(e, tls))?,
+        );
         self.finish(conn, Vec::new(), Opener::Cluster(Box::new(client)), waiters)
             .await
     }
@@ -620,6 +626,20 @@ fn crypto_provider() {
         // Another thread may install one first: either is fine.
         let _ = rustls::crypto::ring::default_provider().install_default();
     }
+}
+
+/// A failed first connect. Over TLS, an I/O failure that is not a refusal, a timeout or a
+/// dropped connection is the handshake refused (a certificate not trusted, a name that does
+/// not match, a client certificate missing): rustls' errors come as I/O errors of invalid
+/// data. A configuration to fix, not an outage to wait out: `Other`.
+fn connect_err(e: redis::RedisError, tls: bool) -> StoreError {
+    if tls
+        && e.is_io_error()
+        && !(e.is_connection_refusal() || e.is_timeout() || e.is_connection_dropped())
+    {
+        return StoreError::new(StoreErrorKind::Other, e);
+    }
+    map_err(e)
 }
 
 /// TLS material given for a plain `redis://` URL: refused, never sent in plain text.

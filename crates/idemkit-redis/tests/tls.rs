@@ -149,6 +149,8 @@ async fn a_server_signed_by_another_authority_is_refused_at_connect() {
         format!("{e} {e:?}").to_lowercase().contains("certificate"),
         "the error should name the certificate: {e:?}"
     );
+    // A configuration to fix, not an outage: nothing a fail-open call would run through.
+    assert!(!e.is_unavailable(), "a bad certificate is no outage: {e:?}");
     // The system's roots do not have the test's authority either.
     let refused = RedisStore::builder()
         .prefix(prefix())
