@@ -2,15 +2,19 @@
 //!
 //! # Optional features
 //!
-//! - `redis`: the module `redis` re-exports `idemkit-redis` (`RedisStore`).
+//! - `redis`: the module `redis` re-exports `idemkit-redis` (`RedisStore`; `rediss://` and
+//!   ACL users built in).
 //! - `postgres`: the module `postgres` re-exports `idemkit-postgres` (`PgStore`, `Inbox`,
-//!   `TxCall`).
-//! - `mysql`: the module `mysql` re-exports `idemkit-mysql` (`MySqlStore`, `Inbox`, `TxCall`).
+//!   `TxCall`; TLS by the URL's `sslmode`).
+//! - `mysql`: the module `mysql` re-exports `idemkit-mysql` (`MySqlStore`, `Inbox`, `TxCall`;
+//!   TLS by the URL's `ssl-mode`).
 //! - `kafka`: the module `kafka` re-exports `idemkit-kafka` (`KafkaRunner`).
 //! - `nats`: the module `nats` re-exports `idemkit-nats` (`JetStreamRunner`).
 //! - `rabbitmq`: the module `rabbitmq` re-exports `idemkit-rabbitmq` (`RabbitRunner`).
 //! - `tower`: the module `tower` re-exports `idemkit-tower` (`IdempotencyLayer`).
 //! - `http`: the module `http` re-exports `idemkit-http` (the `Idempotency-Key` layer).
+//! - `seal`: the module `seal` re-exports `idemkit-seal` (`Sealed`: results encrypted at
+//!   rest, key names hashed).
 #![forbid(unsafe_code)]
 
 pub use idemkit_core::*;
