@@ -197,14 +197,19 @@ where
     /// # Example
     ///
     /// ```no_run
-    /// # fn f(processor: idemkit_core::Processor<idemkit_core::MemoryStore, impl Fn(&idemkit_rabbitmq::Message) -> Result<idemkit_core::Key, idemkit_core::KeyError> + Send + Sync + 'static, idemkit_runner::Json<impl Fn(idemkit_core::Attempt, ()) -> std::future::Ready<Result<(), std::io::Error>> + Send + Sync + 'static>>) {
-    /// let runner = idemkit_rabbitmq::RabbitRunner::new(
-    ///     "amqps://app:secret@rabbit.internal:5671/%2f",
-    ///     "orders.paid",
-    ///     processor,
-    /// )
-    /// .tls_ca_file("/etc/idemkit/rabbit-ca.pem", None);
-    /// # drop(runner); }
+    /// use idemkit_core::{Coordinator, Key, MemoryStore, Operation};
+    /// use idemkit_rabbitmq::{Message, RabbitRunner};
+    /// use idemkit_runner::Processor;
+    ///
+    /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+    /// let processor = Processor::builder(Coordinator::new(MemoryStore::new()), Operation::new("mail.invoice")?)
+    ///     .key(|m: &Message| Key::compose([m.text().unwrap_or(""), "invoice"]))
+    ///     .handler(|m: Message, _attempt| async move { Ok::<_, std::io::Error>(format!("em_{}", m.data.len())) });
+    /// RabbitRunner::new("amqps://app:secret@rabbit.internal:5671/%2f", "orders.paid", processor)
+    ///     .tls_ca_file("/etc/idemkit/rabbit-ca.pem", None)
+    ///     .run(async { let _ = tokio::signal::ctrl_c().await; })
+    ///     .await?;
+    /// # Ok(()) }
     /// ```
     pub fn tls_ca_file(
         mut self,
