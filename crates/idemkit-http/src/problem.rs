@@ -31,7 +31,7 @@ pub const PROBLEM_DOCS: &str = concat!(
 /// | `unreadable-body` | 400 | the body could not be read |
 /// | `in-progress` | 409 | reject mode: the first request with this key still runs (`Retry-After`) |
 /// | `key-reused` | 422 | the key was used for a different request |
-/// | `store-unavailable` | 503 | the store is down (fail closed) |
+/// | `store-unavailable` | 503 | the store is down (fail closed); `Retry-After: 1`, the cause logged at `warn` |
 /// | `result-unavailable` | the original status | a retry of a request whose response was too large to store (over the policy's `max_result_bytes`): executed, its response not kept |
 /// | `internal` | 500 | a stored record that cannot be read, a response that could not be stored, a handler that panicked: the text is logged only, under the incident id the problem's `instance` carries |
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -495,13 +495,27 @@ where
             Problem::KeyReused,
             "this Idempotency-Key was used for a different request",
         ),
-        Err(Error::Store { source, .. }) if source.is_unavailable() => config.problem(
-            Problem::StoreUnavailable,
-            "the idempotency store is unavailable",
-        ),
+        Err(Error::Store { source, phase, .. }) if source.is_unavailable() => {
+            // Nothing ran; the cause is the operator's (a client learns only that the store
+            // is down) and the client may come back: how soon an outage ends is unknown, so
+            // a short, fixed `Retry-After`, to which a client adds its own backoff.
+            tracing::warn!(error = %source, ?phase, "answering 503: the idempotency store is unavailable");
+            let mut resp = config.problem(
+                Problem::StoreUnavailable,
+                "the idempotency store is unavailable",
+            );
+            resp.headers_mut().insert(
+                http::header::RETRY_AFTER,
+                HeaderValue::from(STORE_UNAVAILABLE_RETRY_AFTER_SECS),
+            );
+            resp
+        }
         Err(e) => internal(&config, "answering 500", &e),
     }
 }
+
+/// The `Retry-After` of a `503 store-unavailable`, in seconds.
+pub(crate) const STORE_UNAVAILABLE_RETRY_AFTER_SECS: u64 = 1;
 
 /// A `500 internal` problem: the error's text goes to the log only, under an incident id
 /// that the answer carries (its `instance`), so an operator can find the one from the

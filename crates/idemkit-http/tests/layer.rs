@@ -466,6 +466,13 @@ async fn with_the_store_down_the_answer_is_503_and_nothing_runs() {
     )
     .await;
     assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    // The client may come back: a short, fixed wait (the outage's end is unknown).
+    assert_eq!(
+        r.headers()
+            .get(http::header::RETRY_AFTER)
+            .map(|v| v.to_str().unwrap()),
+        Some("1")
+    );
     assert_problem(r, idemkit_http::Problem::StoreUnavailable).await;
     assert_eq!(app.runs.load(Ordering::SeqCst), 0);
 }

@@ -2,6 +2,7 @@
 docs/http.md lists for the Rust layer, checked for the Python one (docs/python.md, "HTTP")."""
 
 import asyncio
+import logging
 import contextlib
 import json
 import shutil
@@ -363,7 +364,7 @@ async def own_redis(port: int):
     pytest.fail(f"the test's redis-server on {port} did not start")
 
 
-async def test_with_the_store_down_the_answer_is_503_and_nothing_runs():
+async def test_with_the_store_down_the_answer_is_503_and_nothing_runs(caplog):
     port = free_port()
     proc, store = await own_redis(port)
     try:
@@ -372,10 +373,16 @@ async def test_with_the_store_down_the_answer_is_503_and_nothing_runs():
             assert (await post(client, '"up"', {"amount": 1})).status_code == 201
             proc.kill()
             proc.wait()
-            down = await post(client, '"down"', {"amount": 1})
+            with caplog.at_level(logging.WARNING, logger="idemkit"):
+                down = await post(client, '"down"', {"amount": 1})
             assert down.status_code == 503
             problem(down, "store-unavailable")
             assert pay.runs == 1
+            # The client may come back (a short, fixed wait: the outage's end is unknown), and
+            # the operator sees why, as with the Rust layer.
+            assert down.headers.get("retry-after") == "1"
+            logged = [r for r in caplog.records if "store is unavailable" in r.getMessage()]
+            assert logged and "StoreUnavailable" in logged[0].getMessage(), caplog.text
         # Down while a handler runs: it ran, its response could not be stored: 500 (its cause
         # logged), never the response as if it were stored (before: 201, and a retry ran again).
         proc, store = await own_redis(port)

@@ -299,3 +299,146 @@ def test_the_import_paths_of_idempotency_kit_exist():
 
     for name in exceptions.__all__:
         assert issubclass(getattr(ik, name), ik.IdempotencyError)
+
+
+# -- the drop-in never guesses (issue 49 item 4) ----------------------------------------------
+
+
+def test_a_sentinel_client_is_refused_at_construction_naming_it():
+    # Before: its address was unreadable and the records went to 127.0.0.1:6379 instead.
+    from redis.asyncio.sentinel import Sentinel
+
+    client = Sentinel([("127.0.0.1", 26379)]).master_for("mymaster")
+    with pytest.raises(ik.ConfigError, match="Sentinel master 'mymaster'"):
+        ik.RedisAsyncIdempotencyRepository(client)
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"ssl": True, "ssl_cert_reqs": "none"}, "ssl_cert_reqs"),
+        ({"ssl": True, "ssl_check_hostname": False}, "ssl_check_hostname"),
+        ({"ssl": True, "ssl_ca_data": "-----BEGIN CERTIFICATE-----"}, "ssl_ca_data"),
+        ({"ssl": True, "ssl_certfile": "/c.pem"}, "ssl_certfile without ssl_keyfile"),
+        ({"username": "worker"}, "username without a password"),
+    ],
+)
+def test_what_cannot_be_carried_is_refused_at_construction(options, named):
+    import redis.asyncio
+
+    client = redis.asyncio.Redis(host="127.0.0.1", port=6390, **options)
+    with pytest.raises(ik.ConfigError, match=named):
+        ik.RedisAsyncIdempotencyRepository(client)
+
+
+def test_a_client_is_translated_whole():
+    import redis.asyncio
+
+    from idemkit.compat import _redis_target
+
+    client = redis.asyncio.Redis(
+        host="10.0.0.7", port=6390, db=3, username="worker", password="s3cret",
+        ssl=True, ssl_ca_certs="/etc/ca.pem", ssl_certfile="/etc/c.pem", ssl_keyfile="/etc/c.key",
+    )
+    target = _redis_target(client)
+    assert target.urls == ["rediss://10.0.0.7:6390/3"]
+    assert target.auth == {
+        "username": "worker", "password": "s3cret",
+        "ssl_ca_certs": "/etc/ca.pem", "ssl_certfile": "/etc/c.pem", "ssl_keyfile": "/etc/c.key",
+    }
+    # The same from a URL of redis-py's.
+    target = _redis_target(redis.asyncio.Redis.from_url("rediss://worker:s3cret@10.0.0.7:6390/3?ssl_ca_certs=/etc/ca.pem"))
+    assert target.urls == ["rediss://10.0.0.7:6390/3"]
+    assert target.auth["ssl_ca_certs"] == "/etc/ca.pem" and target.auth["username"] == "worker"
+
+
+async def test_the_clients_database_is_where_the_records_land():
+    client = await redis_client()
+    import redis.asyncio
+
+    db3 = redis.asyncio.Redis(host=client.connection_pool.connection_kwargs["host"],
+                              port=client.connection_pool.connection_kwargs["port"], db=3)
+    prefix = unique("db3")
+    c, action = ik.AsyncIdempotencyCoordinator(ik.RedisAsyncIdempotencyRepository(db3, key_prefix=prefix + ":")), Counter()
+    await c.coordinate("op", "k", 60, ik.JsonResultAdapter(), action)
+    assert [k async for k in db3.scan_iter(match=f"{prefix}:*")] != []
+    assert [k async for k in client.scan_iter(match=f"{prefix}:*")] == []  # not in db 0
+    await db3.aclose()
+    await client.aclose()
+
+
+async def test_a_fakeredis_client_still_deduplicates(caplog):
+    # Before: its address was unreachable, and every action ran unprotected with a warning.
+    fakeredis = pytest.importorskip("fakeredis")
+    a, b = fakeredis.FakeAsyncRedis(), fakeredis.FakeAsyncRedis()  # one fake server
+    action = Counter()
+    for client in (a, b):
+        c = ik.AsyncIdempotencyCoordinator(ik.RedisAsyncIdempotencyRepository(client), on_storage_error="run")
+        assert await c.coordinate("op", "order-9", 60, ik.JsonResultAdapter(), action) == {"n": 1}
+    assert len(action.calls) == 1
+    assert "without idempotency" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"at": __import__("datetime").datetime(2026, 12, 6)},
+        {"amount": __import__("decimal").Decimal("10.50")},
+        {"id": __import__("uuid").UUID(int=9)},
+        {"tags": {"a"}},
+        {"pair": (1, 2)},
+        {"raw": b"\x00"},
+        {1: "int key"},
+    ],
+    ids=["datetime", "Decimal", "UUID", "set", "tuple", "bytes", "int-key"],
+)
+async def test_a_result_json_would_not_give_back_is_not_replayed_as_another_type(value):
+    # Before: a replay returned it as str or list, another type than the first call's.
+    c, calls = coordinator(), []
+
+    async def action():
+        calls.append(1)
+        return value
+
+    key = unique("types")
+    assert await c.coordinate("op", key, 3600, ik.JsonResultAdapter(), action) == value
+    with pytest.raises(ik.ResultUnavailable):
+        await c.coordinate("op", key, 3600, ik.JsonResultAdapter(), action)
+    assert len(calls) == 1
+
+
+async def test_json_values_round_trip_as_they_were():
+    c, value = coordinator(), {"list": [1, 2.5, "x", None, True], "nested": {"a": [{"b": False}]}}
+
+    async def action():
+        return value
+
+    key = unique("json")
+    first = await c.coordinate("op", key, 3600, ik.JsonResultAdapter(), action)
+    again = await c.coordinate("op", key, 3600, ik.JsonResultAdapter(), action)
+    assert first == again == value and type(again["list"]) is list
+
+
+async def test_a_plain_function_given_to_an_awaited_run_keeps_its_result():
+    # Before: it ran, then `await` failed with TypeError, the key was released, and every
+    # delivery sent again.
+    import idemkit
+
+    coordinator_, sent = idemkit.Coordinator(idemkit.MemoryStore()), []
+
+    def send(attempt: idemkit.Attempt, order: str) -> str:
+        sent.append(order)
+        return f"em_{order}"
+
+    for _ in range(3):
+        assert await coordinator_.call("mail.invoice", "order-9.invoice").run(send, "order-9") == "em_order-9"
+    assert sent == ["order-9"]
+    plain, runs = ik.AsyncIdempotencyCoordinator(ik.MemoryIdempotencyRepository()), []
+
+    def run() -> dict:
+        runs.append(1)
+        return {"n": len(runs)}
+
+    for _ in range(2):
+        assert await plain.coordinate("op", "k", 60, ik.JsonResultAdapter(), run) == {"n": 1}
+    assert runs == [1]

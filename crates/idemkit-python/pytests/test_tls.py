@@ -183,3 +183,32 @@ async def test_postgres_with_sslmode_require():
     url = POSTGRES_URL + ("&" if "?" in POSTGRES_URL else "?") + "sslmode=require"
     store = await idemkit.PostgresStore.connect(url, table=f"idemkit_tls_{os.getpid()}")
     await runs_once(store)
+
+
+async def test_the_drop_in_carries_a_tls_clients_ca_and_user(tls_redis: TlsRedis, certs: Path):
+    # Before: a redis-py client with ssl=True was connected in plain text, failed, and every
+    # action ran unprotected (fail-open, one warning).
+    import redis.asyncio
+
+    prefix = unique("dropin-tls")
+    tls_redis.plain.acl_setuser(
+        "worker", enabled=True, passwords=["+s3cret"], keys=[f"{prefix}:*"], channels=[f"{prefix}:*"],
+        commands=["+@all", "-@dangerous"],
+    )
+    client = redis.asyncio.Redis(
+        host="127.0.0.1", port=tls_redis.tls_port, username="worker", password="s3cret",
+        ssl=True, ssl_ca_certs=str(certs / "ca.pem"),
+    )
+    repo = idemkit.RedisAsyncIdempotencyRepository(client, key_prefix=prefix + ":")
+    c, sent = idemkit.AsyncIdempotencyCoordinator(repo, on_storage_error="raise"), []
+
+    async def send() -> dict:
+        sent.append(1)
+        return {"n": len(sent)}
+
+    for _ in range(2):
+        assert await c.coordinate("mail.invoice", "order-9", 60, idemkit.JsonResultAdapter(), send) == {"n": 1}
+    assert sent == [1]
+    # The records are on that server, under the prefix.
+    assert tls_redis.plain.keys(f"{prefix}:*") != []
+    await client.aclose()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 import select
@@ -344,6 +345,10 @@ class Call(Generic[T]):
     async def run(self, action: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
         """Runs ``action(attempt, *args, **kwargs)`` at most once for the key, or replays its value.
 
+        ``action`` is an async function; a plain function works too (its return value is the
+        result), but it runs in the event loop's thread and blocks it: for blocking work use
+        ``run_sync`` from a thread.
+
         An ``Exception`` from the action releases the key (a retry runs it again) and is
         raised as it is. An action that does not finish (its task cancelled,
         ``KeyboardInterrupt`` or ``SystemExit`` raised in it, its coroutine closed, its event
@@ -371,7 +376,12 @@ class Call(Generic[T]):
             return self._replayed(begun)
         pending.hand_over(begun)
         try:
-            value = await action(begun.attempt, *args, **kwargs)
+            value = action(begun.attempt, *args, **kwargs)
+            # A plain function given to `await call.run(fn)` has run already: its return
+            # value is the result (kept and stored), never a TypeError after the effect that
+            # would release the key and send again on every delivery.
+            if inspect.isawaitable(value):
+                value = await value
         except Exception:
             # Released before the exception goes on, so an immediate retry runs again.
             id, waiting = bridge.future()

@@ -90,7 +90,8 @@ class IdempotencyMiddleware:
     ``global_scope``. ``methods`` (POST and PATCH) are protected; a request without the header
     passes through (``400`` with ``required=True``). A concurrent retry waits for the first
     response (``in_flight="wait"``) or gets ``409`` with ``Retry-After`` (``"reject"``). A key
-    reused for another request is ``422``; the store down ``503`` (a coordinator made with
+    reused for another request is ``422``; the store down ``503`` with ``Retry-After: 1``, its
+    cause logged at ``warning`` on ``idemkit.asgi`` (a coordinator made with
     ``fail_open=True`` runs the handler unprotected instead); a body over ``max_body_bytes``
     ``413``. A response that is not final (``final_when``, by default
     ``final_by_default``) releases the key. Once reserved, a handler runs to its end even if
@@ -288,6 +289,9 @@ class IdempotencyMiddleware:
 
 _TOO_LARGE = b"<over max_body_bytes>"
 
+#: The ``Retry-After`` of a ``503 store-unavailable``, in seconds (the Rust layer's).
+_STORE_UNAVAILABLE_RETRY_AFTER = 1
+
 
 def _pairs(headers: Iterable[Any]) -> list[tuple[bytes, bytes]]:
     """ASGI headers as (name, value) tuples of bytes: servers and apps may give lists."""
@@ -401,7 +405,15 @@ class _Run:
                 # 500 whose cause is logged (a 503 would say nothing was done).
                 await self._internal("the handler's response could not be stored", e)
             elif isinstance(e, StoreUnavailable):
-                await self._answer_problem("store-unavailable", "the idempotency store is unavailable")
+                # Nothing ran. The cause is the operator's (the client learns only that the
+                # store is down), and the client may come back: how soon an outage ends is
+                # unknown, so a short, fixed Retry-After, as the Rust layer's.
+                logger.warning("answering 503: the idempotency store is unavailable: %r", e)
+                await self._answer_problem(
+                    "store-unavailable",
+                    "the idempotency store is unavailable",
+                    extra=[(b"retry-after", str(_STORE_UNAVAILABLE_RETRY_AFTER).encode())],
+                )
             else:
                 await self._internal("the idempotency call failed", e)
             return

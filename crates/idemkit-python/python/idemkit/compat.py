@@ -23,11 +23,11 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
-from urllib.parse import quote
 
 from . import _native
 from ._coordinator import Coordinator, MemoryStore, PostgresStore, RedisStore, Store
 from ._errors import (
+    ConfigError,
     DecodeError,
     IdemkitError,
     InProgress,
@@ -333,45 +333,172 @@ class AsyncIdempotencyRepository:
         return self._store
 
 
-def _url_of(client: Any) -> str:
-    """The URL a redis-py client connects to, from its pool's connection arguments."""
+class _RedisTarget:
+    """Where a redis-py client keeps its data, as idemkit's store connects there: URLs (one,
+    or a Cluster's nodes) and the TLS files and credentials. ``memory``: a fakeredis client,
+    whose data lives in this process."""
+
+    __slots__ = ("urls", "cluster", "memory", "auth")
+
+    def __init__(
+        self,
+        urls: list[str],
+        *,
+        cluster: bool = False,
+        memory: tuple[Any, Any] | None = None,
+        auth: dict[str, Any] | None = None,
+    ) -> None:
+        self.urls, self.cluster, self.memory, self.auth = urls, cluster, memory, auth or {}
+
+
+# One MemoryStore per fakeredis server and database: fakeredis clients of one server share its
+# data, so repositories on them share records, as on a real server.
+_FAKE_STORES: dict[tuple[int, Any], tuple[Any, MemoryStore]] = {}
+
+
+def _fake_store(server: Any, db: Any) -> MemoryStore:
+    found = _FAKE_STORES.get((id(server), db))
+    if found is None or found[0] is not server:
+        found = _FAKE_STORES[(id(server), db)] = (server, MemoryStore())
+    return found[1]
+
+
+# redis-py connection settings that decide nothing about where records live (timeouts,
+# retries, encodings, client names, protocol, health checks, driver bookkeeping).
+_IGNORED_KWARGS = {
+    "socket_timeout", "socket_connect_timeout", "socket_keepalive", "socket_keepalive_options",
+    "socket_read_size", "socket_type", "encoding", "encoding_errors", "decode_responses",
+    "retry_on_error", "retry_on_timeout", "retry", "health_check_interval", "client_name",
+    "lib_name", "lib_version", "driver_info", "redis_connect_func", "protocol", "legacy_responses",
+    "himport_registry", "maint_notifications_pool_handler", "maint_notifications_config",
+    "orig_host_address", "orig_socket_timeout", "orig_socket_connect_timeout", "connection_pool",
+    "connection_class", "cache_config", "cache", "event_dispatcher", "credential_provider",
+    "ssl_min_version", "ssl_ciphers", "ssl_include_verify_flags", "ssl_exclude_verify_flags",
+    "max_connections", "single_connection_client", "ssl_validate_ocsp", "ssl_validate_ocsp_stapled",
+    "ssl_ocsp_context", "ssl_ocsp_expected_cert",
+}
+
+
+def _refuse(what: str) -> ConfigError:
+    return ConfigError(
+        f"the redis client's {what} cannot be carried to idemkit's store, and records would land "
+        "elsewhere or unprotected: give RedisAsyncIdempotencyRepository a URL, or an "
+        "idemkit.RedisStore (RedisStore.connect takes ssl_ca_certs, ssl_certfile, ssl_keyfile, "
+        "username and password)"
+    )
+
+
+def _tls_and_auth(kwargs: dict[str, Any], tls: bool) -> dict[str, Any]:
+    """The TLS files and credentials of a client's connection settings, or a refusal of what
+    idemkit cannot do as the client would (skip the certificate or host name check, a CA
+    directory or in-memory CA, a key's password, a credential provider)."""
+    if kwargs.get("credential_provider") is not None:
+        raise _refuse("credential_provider")
+    auth: dict[str, Any] = {"username": kwargs.get("username"), "password": kwargs.get("password")}
+    if auth["username"] is not None and auth["password"] is None:
+        raise _refuse("username without a password")
+    if not tls:
+        return auth
+    reqs = kwargs.get("ssl_cert_reqs", "required")
+    if reqs not in ("required", None, 2) and str(reqs).lower() not in ("required", "cert_required", "verifymode.cert_required"):
+        raise _refuse(f"ssl_cert_reqs={reqs!r} (idemkit always checks the server's certificate)")
+    if kwargs.get("ssl_check_hostname") is False:
+        raise _refuse("ssl_check_hostname=False (idemkit always checks the host name)")
+    for unsupported in ("ssl_ca_path", "ssl_ca_data", "ssl_password"):
+        if kwargs.get(unsupported):
+            raise _refuse(unsupported)
+    auth.update(
+        ssl_ca_certs=kwargs.get("ssl_ca_certs"),
+        ssl_certfile=kwargs.get("ssl_certfile"),
+        ssl_keyfile=kwargs.get("ssl_keyfile"),
+    )
+    if (auth["ssl_certfile"] is None) != (auth["ssl_keyfile"] is None):
+        raise _refuse("ssl_certfile without ssl_keyfile (or the other way round)")
+    return auth
+
+
+def _redis_target(client: Any) -> _RedisTarget:
+    """What a redis-py client (sync or asyncio), a fakeredis client or a URL says about where
+    records live, all of it, or a ``ConfigError`` naming what cannot be carried. Never a guess:
+    a default address for a client whose address it cannot read would put the records on
+    another server."""
     if isinstance(client, str):
-        return client
+        return _RedisTarget([client])
+    module = type(client).__module__ or ""
+    if module.split(".")[0] == "fakeredis":
+        # Its data is this process's: so is MemoryStore's, which still deduplicates.
+        kwargs = dict(getattr(getattr(client, "connection_pool", None), "connection_kwargs", {}) or {})
+        return _RedisTarget([], memory=(kwargs.get("server", client), kwargs.get("db", 0)))
+    if callable(getattr(client, "get_nodes", None)) and hasattr(client, "startup_nodes"):
+        kwargs = dict(getattr(client, "connection_kwargs", {}) or {})
+        connection_class = kwargs.get("connection_class")
+        tls = bool(kwargs.get("ssl")) or "SSL" in getattr(connection_class, "__name__", "")
+        auth = _tls_and_auth(kwargs, tls)
+        nodes = list(client.get_nodes()) or list(getattr(client, "startup_nodes", {}).values())
+        if not nodes:
+            raise _refuse("Cluster without nodes")
+        scheme = "rediss" if tls else "redis"
+        return _RedisTarget([f"{scheme}://{n.host}:{n.port}" for n in nodes], cluster=True, auth=auth)
     pool = getattr(client, "connection_pool", None)
+    if pool is None:
+        raise ConfigError(
+            f"{type(client).__name__} is not a redis-py client (no connection_pool): give "
+            "RedisAsyncIdempotencyRepository a redis.Redis, redis.asyncio.Redis, RedisCluster or a URL"
+        )
+    connection_class = getattr(pool, "connection_class", None)
+    class_name = getattr(connection_class, "__name__", "")
+    if "Sentinel" in type(pool).__name__ or "Sentinel" in class_name:
+        service = getattr(pool, "service_name", "?")
+        raise _refuse(f"Sentinel master {service!r} (idemkit's store does not follow a Sentinel yet: give the master's URL)")
     kwargs = dict(getattr(pool, "connection_kwargs", {}) or {})
+    unknown = sorted(k for k in kwargs if k not in _IGNORED_KWARGS and not k.startswith("ssl") and k not in ("host", "port", "db", "path", "username", "password"))
+    if unknown:
+        raise _refuse(f"settings {unknown}")
     if "path" in kwargs:
-        return f"unix://{kwargs['path']}?db={kwargs.get('db', 0)}"
-    scheme = "rediss" if kwargs.get("ssl") or "SSL" in type(getattr(pool, "connection_class", "")).__name__ else "redis"
-    auth = ""
-    if kwargs.get("password"):
-        user = quote(kwargs.get("username") or "", safe="")
-        auth = f"{user}:{quote(kwargs['password'], safe='')}@"
-    host, port, db = kwargs.get("host", "127.0.0.1"), kwargs.get("port", 6379), kwargs.get("db", 0)
-    return f"{scheme}://{auth}{host}:{port}/{db}"
+        if class_name != "UnixDomainSocketConnection":
+            raise _refuse(f"connection class {class_name}")
+        return _RedisTarget([f"unix://{kwargs['path']}?db={kwargs.get('db', 0)}"], auth=_tls_and_auth(kwargs, False))
+    if class_name not in ("Connection", "SSLConnection"):
+        raise _refuse(f"connection class {class_name or type(pool).__name__}")
+    tls = class_name == "SSLConnection"
+    auth = _tls_and_auth(kwargs, tls)
+    host, port, db = kwargs.get("host", "localhost"), kwargs.get("port", 6379), kwargs.get("db", 0)
+    return _RedisTarget([f"{'rediss' if tls else 'redis'}://{host}:{port}/{db}"], auth=auth)
+
+
+def _url_of(client: Any) -> str:
+    """The URL a redis-py client connects to (without its credentials and TLS files: see
+    ``_redis_target``)."""
+    return _redis_target(client).urls[0]
 
 
 class RedisAsyncIdempotencyRepository(AsyncIdempotencyRepository):
-    """idempotency-kit's Redis repository: give it your ``redis.asyncio`` client (only its
-    address is used; idemkit keeps connections of its own) or a URL.
+    """idempotency-kit's Redis repository: give it your ``redis.asyncio`` (or ``redis``)
+    client, or a URL. idemkit keeps connections of its own, made with everything that decides
+    where the client's data lives: host, port and database (or its Unix socket), user and
+    password, TLS (``rediss``, ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``), a
+    ``RedisCluster``'s nodes. What it cannot carry (a Sentinel client, a certificate check
+    switched off, a credential provider, settings it does not know) raises ``ConfigError``
+    here, at construction: a client is never replaced by a guess. A fakeredis client gets
+    idemkit's in-memory store (its data is this process's too), which still deduplicates.
 
-    ``key_prefix`` becomes the idemkit prefix (without its trailing ``:``). A
-    ``redis.asyncio.RedisCluster`` client connects to the Cluster.
+    ``key_prefix`` becomes the idemkit prefix (without its trailing ``:``).
     """
 
     def __init__(self, redis: Any, *, key_prefix: str = "idempotency:", metrics: Any = None) -> None:
         super().__init__()
         self._client = redis
+        self._target = _redis_target(redis)
         self._prefix = key_prefix.rstrip(":") or "idempotency"
         self._metrics = metrics
 
     async def _connect(self) -> Store:
-        nodes = getattr(self._client, "get_nodes", None)
-        if callable(nodes) and not isinstance(self._client, str):
-            urls = [f"redis://{n.host}:{n.port}" for n in nodes()] or [
-                f"redis://{self._client.get_default_node().host}:{self._client.get_default_node().port}"
-            ]
-            return await RedisStore.connect_cluster(urls, prefix=self._prefix)
-        return await RedisStore.connect(_url_of(self._client), prefix=self._prefix)
+        target = self._target
+        if target.memory is not None:
+            return _fake_store(*target.memory)
+        if target.cluster:
+            return await RedisStore.connect_cluster(target.urls, prefix=self._prefix, **target.auth)
+        return await RedisStore.connect(target.urls[0], prefix=self._prefix, **target.auth)
 
 
 class PostgresIdempotencyRepository(AsyncIdempotencyRepository):
@@ -530,7 +657,7 @@ class AsyncIdempotencyCoordinator:
         without one (or a record without one) is not compared.
         """
         if not self._enabled or idempotency_key is None:
-            return await action(*args, **kwargs)
+            return await _maybe_await(action(*args, **kwargs))
         _native.validate(operation, idempotency_key)
         ttl, storable = self._svc.ttl_of(self._operation_ttls.get(operation) or ttl_seconds)
         try:
@@ -544,7 +671,7 @@ class AsyncIdempotencyCoordinator:
                 "Idempotency store unreachable; running the operation without idempotency",
                 extra={"operation": operation, "idempotency_key": idempotency_key, "error": str(e)},
             )
-            return await action(*args, **kwargs)
+            return await _maybe_await(action(*args, **kwargs))
         if not storable:
             self._metrics.record_error(operation, "record_validation_error")
             logger.error(
@@ -555,7 +682,7 @@ class AsyncIdempotencyCoordinator:
         fingerprint = idempotency_fingerprint
 
         async def run(attempt: Any, *_: Any) -> Any:
-            value = await action(*args, **kwargs)
+            value = await _maybe_await(action(*args, **kwargs))
             outcome.ran, outcome.value, outcome.protected = True, value, attempt.is_protected
             if not storable:
                 raise _Uncached
@@ -654,8 +781,40 @@ class AsyncIdempotencyCoordinator:
             raise error from e
 
 
+async def _maybe_await(value: Any) -> Any:
+    """An async action's value, or a plain function's (already computed)."""
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+def _json_value(value: Any, path: str = "result") -> None:
+    """Refuses what JSON would not give back as it was: a value comes back from a replay as
+    the type it had, or is not stored at all. ``json`` writes a tuple as a list and would give
+    a ``datetime``, ``Decimal``, ``UUID``, ``set`` or ``bytes`` back as ``str`` or ``list``
+    through a ``default=``; a dict key that is not a ``str`` comes back as one."""
+    if value is None or type(value) in (str, int, float, bool):
+        return
+    if type(value) is list:
+        for i, item in enumerate(value):
+            _json_value(item, f"{path}[{i}]")
+        return
+    if type(value) is dict:
+        for k, item in value.items():
+            if type(k) is not str:
+                raise TypeError(f"{path} has a key {k!r} of type {type(k).__name__}: JSON gives it back as a str")
+            _json_value(item, f"{path}[{k!r}]")
+        return
+    raise TypeError(
+        f"{path} is a {type(value).__name__}, which JSON does not give back as it was "
+        "(a replay would return another type): convert it in the action or use an adapter that encodes it"
+    )
+
+
 def _encode(adapter: ResultAdapter[Any], value: Any, fingerprint: str | None) -> bytes:
-    body = json.dumps(adapter.encode(value), separators=(",", ":"), ensure_ascii=False, default=_jsonable).encode()
+    encoded = adapter.encode(value)
+    _json_value(encoded)
+    body = json.dumps(encoded, separators=(",", ":"), ensure_ascii=False).encode()
     if fingerprint is None:
         return body
     return _FP_MARK + json.dumps(fingerprint).encode() + b"\n" + body
