@@ -9,8 +9,13 @@ mid-task (killed, out of memory, a deploy) gets its message delivered again; the
 first one's receipt instead of mailing again. ``pytests/test_celery.py`` kills a worker
 with SIGKILL between the mail and the ack, and races two workers on one redelivered task.
 
+A store outage does not lose the task: ``idemkit.celery.task_options()`` retries it with
+backoff on ``StoreUnavailable`` (nothing ran) until Redis is back, and the mail goes out
+once then (``pytests/test_celery.py`` stops Redis under a running worker).
+
 Environment: ``CELERY_BROKER_URL`` (default RabbitMQ on 127.0.0.1), ``IDEMKIT_REDIS_URL``
-(where the keys live), ``INVOICE_QUEUE``, ``IDEMKIT_PREFIX``, ``VISIBILITY_TIMEOUT`` (seconds;
+(where the keys live), ``MAILBOX_URL`` (the mail provider's Redis, default
+``IDEMKIT_REDIS_URL``), ``INVOICE_QUEUE``, ``IDEMKIT_PREFIX``, ``VISIBILITY_TIMEOUT`` (seconds;
 a Redis broker's redelivery of an unacked task), and, for the tests only, ``MAIL_DELAY``
 (seconds the mail takes) and ``PAUSE_AFTER_MAIL`` (seconds between the mail and the return).
 """
@@ -24,6 +29,7 @@ import redis
 from celery import Celery  # type: ignore[import-untyped]  # Celery ships no types
 
 import idemkit
+import idemkit.celery
 
 BROKER = os.environ.get("CELERY_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
 REDIS_URL = os.environ.get("IDEMKIT_REDIS_URL", "redis://127.0.0.1:6379")
@@ -54,7 +60,7 @@ coordinator = idemkit.per_process(
 
 
 # The mail provider: a Redis list of the mails it sent (what a duplicate would repeat).
-mailbox = redis.Redis.from_url(REDIS_URL)
+mailbox = redis.Redis.from_url(os.environ.get("MAILBOX_URL", REDIS_URL))
 
 
 @idemkit.idempotent("mail.invoice", key=lambda order_id: f"{order_id}.invoice", coordinator=coordinator)
@@ -65,7 +71,9 @@ def mail_invoice(attempt: idemkit.Attempt, order_id: str) -> str:
     return f"em_{n}"
 
 
-@app.task(name="invoices.send")  # type: ignore[untyped-decorator]
+# Retried with backoff while the store is down (or another worker holds the key), instead of
+# failing and being acked: the invoice goes out once the store is back.
+@app.task(name="invoices.send", **idemkit.celery.task_options(max_backoff=5))  # type: ignore[untyped-decorator]
 def send_invoice(order_id: str) -> str:
     receipt = mail_invoice(order_id)
     mailbox.rpush(f"{PREFIX}:after-mail", os.getpid())

@@ -4,6 +4,7 @@ the mail and the ack, two workers racing one redelivered task: one mail each tim
 
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -153,3 +154,79 @@ def test_two_workers_racing_one_task_after_its_visibility_timeout_mail_once():
     finally:
         for w in workers:
             w.stop()
+
+
+def test_a_store_outage_under_a_running_worker_is_waited_out_and_mails_once():
+    # Before idemkit.celery.task_options: the task raised StoreUnavailable, Celery recorded a
+    # failure and acked it (acks_late or not), and the invoice was never sent.
+    require_rabbitmq()
+    mailbox = redis.Redis.from_url(REDIS_URL)
+    try:
+        mailbox.ping()
+    except redis.RedisError as e:
+        _require(f"redis at {REDIS_URL}", e)
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.fail("redis-server is needed for a Redis of this test's own")
+    port = free_port()
+
+    def start_keys_redis() -> subprocess.Popen:
+        proc = subprocess.Popen(
+            [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+        )
+        keys = redis.Redis(port=port)
+        wait_for(lambda: _pings(keys), what="the keys' redis-server")
+        return proc
+
+    prefix = unique("celery-outage")
+    env = {
+        "CELERY_BROKER_URL": AMQP_URL,
+        "IDEMKIT_REDIS_URL": f"redis://127.0.0.1:{port}",  # the keys, on a Redis this test stops
+        "MAILBOX_URL": REDIS_URL,  # the mail provider stays up
+        "INVOICE_QUEUE": unique("invoices"),
+        "IDEMKIT_PREFIX": prefix,
+    }
+    keys_redis = start_keys_redis()
+    worker = Worker(env, unique("outage"))
+    try:
+        worker.wait_ready()
+        celery = client(env)
+        # The worker's store is connected (a first task ran), then Redis goes away.
+        celery.send_task("invoices.send", args=["order-1"], queue=env["INVOICE_QUEUE"])
+        wait_for(lambda: mailbox.llen(f"{prefix}:returned") == 1, what="the first task")
+        keys_redis.kill()
+        keys_redis.wait()
+        celery.send_task("invoices.send", args=["order-9"], queue=env["INVOICE_QUEUE"])
+        # Retried, not failed: twice in the worker's log, and nothing mailed meanwhile.
+        wait_for(lambda: worker.output().count("StoreUnavailable") >= 2, what="two retries")
+        assert "Retry in" in worker.output(), worker.output()
+        assert mailbox.lrange(f"{prefix}:mails", 0, -1)[1:] == []
+        keys_redis = start_keys_redis()
+        wait_for(lambda: mailbox.llen(f"{prefix}:returned") == 2, what="the task after Redis came back")
+        mails = [m.split()[0] for m in mailbox.lrange(f"{prefix}:mails", 0, -1)]
+        assert mails == [b"order-1", b"order-9"]
+        # The task delivered again: a replay, no second mail.
+        celery.send_task("invoices.send", args=["order-9"], queue=env["INVOICE_QUEUE"])
+        wait_for(lambda: mailbox.llen(f"{prefix}:returned") == 3, what="the redelivery")
+        assert mailbox.llen(f"{prefix}:mails") == 2
+        assert mailbox.lrange(f"{prefix}:returned", 1, 2) == [b"em_2", b"em_2"]
+    finally:
+        worker.stop()
+        keys_redis.kill()
+        keys_redis.wait()
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -11,7 +11,7 @@ import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar, cast
 
 from . import _native
 from ._errors import DecodeError, IdemkitError
@@ -342,7 +342,7 @@ class Call(Generic[T]):
             error.operation, error.key = self.operation, self.key
             raise error from e
 
-    async def run(self, action: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
+    async def run(self, action: Callable[..., Awaitable[T] | T], /, *args: Any, **kwargs: Any) -> T:
         """Runs ``action(attempt, *args, **kwargs)`` at most once for the key, or replays its value.
 
         ``action`` is an async function; a plain function works too (its return value is the
@@ -376,12 +376,11 @@ class Call(Generic[T]):
             return self._replayed(begun)
         pending.hand_over(begun)
         try:
-            value = action(begun.attempt, *args, **kwargs)
+            produced = action(begun.attempt, *args, **kwargs)
             # A plain function given to `await call.run(fn)` has run already: its return
             # value is the result (kept and stored), never a TypeError after the effect that
             # would release the key and send again on every delivery.
-            if inspect.isawaitable(value):
-                value = await value
+            value = cast(T, await produced) if inspect.isawaitable(produced) else produced
         except Exception:
             # Released before the exception goes on, so an immediate retry runs again.
             id, waiting = bridge.future()

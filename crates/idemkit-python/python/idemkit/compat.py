@@ -22,7 +22,7 @@ import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, cast, runtime_checkable
 
 from . import _native
 from ._coordinator import Coordinator, MemoryStore, PostgresStore, RedisStore, Store
@@ -682,7 +682,7 @@ class AsyncIdempotencyCoordinator:
         fingerprint = idempotency_fingerprint
 
         async def run(attempt: Any, *_: Any) -> Any:
-            value = await _maybe_await(action(*args, **kwargs))
+            value: Any = await _maybe_await(action(*args, **kwargs))
             outcome.ran, outcome.value, outcome.protected = True, value, attempt.is_protected
             if not storable:
                 raise _Uncached
@@ -781,10 +781,10 @@ class AsyncIdempotencyCoordinator:
             raise error from e
 
 
-async def _maybe_await(value: Any) -> Any:
+async def _maybe_await(value: Awaitable[T] | T) -> T:
     """An async action's value, or a plain function's (already computed)."""
     if inspect.isawaitable(value):
-        return await value
+        return cast(T, await value)
     return value
 
 
