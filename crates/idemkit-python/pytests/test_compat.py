@@ -304,13 +304,20 @@ def test_the_import_paths_of_idempotency_kit_exist():
 # -- the drop-in never guesses (issue 49 item 4) ----------------------------------------------
 
 
-def test_a_sentinel_client_is_refused_at_construction_naming_it():
+def test_a_sentinel_client_is_translated_to_its_sentinels_and_master():
     # Before: its address was unreadable and the records went to 127.0.0.1:6379 instead.
     from redis.asyncio.sentinel import Sentinel
 
-    client = Sentinel([("127.0.0.1", 26379)]).master_for("mymaster")
-    with pytest.raises(ik.ConfigError, match="Sentinel master 'mymaster'"):
-        ik.RedisAsyncIdempotencyRepository(client)
+    from idemkit.compat import _redis_target
+
+    client = Sentinel([("10.0.0.1", 26379), ("10.0.0.2", 26380)]).master_for("mymaster", db=2, password="s3cret")
+    target = _redis_target(client)
+    assert target.urls == ["redis+sentinel://10.0.0.1:26379,10.0.0.2:26380/mymaster/2"]
+    assert target.auth["password"] == "s3cret"
+    # What it cannot carry is refused at construction, naming it.
+    guarded = Sentinel([("10.0.0.1", 26379)], sentinel_kwargs={"password": "x"}).master_for("mymaster")
+    with pytest.raises(ik.ConfigError, match="sentinels' own password"):
+        ik.RedisAsyncIdempotencyRepository(guarded)
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ use crate::RedisStore;
 use crate::conn::Conn;
 use crate::durable::{Durable, Opener};
 use crate::errors::map_err;
+use crate::sentinel::{Follower, MakeClient, MakeSentinel, SentinelUrl};
 use crate::wake::Waiters;
 
 /// What [`RedisStoreBuilder::eviction_check`] does about a server that may evict our keys.
@@ -183,9 +184,11 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// The durability guard: after each reservation and each completion, wait until
+    /// The durability guard: after each reservation, renewal and completion, wait until
     /// `replicas` replicas acknowledged the write (`WAIT replicas timeout`), and report the
-    /// store unavailable if they did not within `timeout`.
+    /// store unavailable if they did not within `timeout`. A renewal the replicas did not
+    /// acknowledge is a failed renewal (retried, as any): the lease end the owner counts on
+    /// is one a promoted replica keeps.
     ///
     /// Redis replicates asynchronously: without the guard, a failover that promotes a
     /// replica which missed the last writes loses those reservations and results, and the
@@ -488,16 +491,29 @@ impl RedisStoreBuilder {
     /// See [`RedisStore::builder`].
     pub async fn connect(self, url: &str) -> Result<RedisStore, StoreError> {
         crypto_provider();
+        if let Some(sentinel) = SentinelUrl::parse(url) {
+            let sentinel = sentinel?;
+            let mut builder = self;
+            if let (None, Some(password)) = (&builder.credentials, sentinel.password) {
+                builder.credentials = Some(Credentials {
+                    user: sentinel.username,
+                    password,
+                });
+            }
+            return builder
+                .sentinel(
+                    sentinel.sentinels,
+                    sentinel.master,
+                    sentinel.tls,
+                    sentinel.db,
+                )
+                .await;
+        }
         let info = url.into_connection_info().map_err(map_err)?;
         let tls = matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. });
         let client = self.client(info)?;
         let waiters = Arc::new(Waiters::default());
-        let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(self.response_timeout))
-            .set_connection_timeout(Some(self.connection_timeout))
-            .set_number_of_retries(1)
-            .set_automatic_resubscription()
-            .set_push_sender(push_handler(waiters.clone()));
+        let config = self.manager_config(&waiters);
         let manager = client
             .get_connection_manager_with_config(config.clone())
             .await
@@ -517,6 +533,111 @@ impl RedisStoreBuilder {
             waiters,
         )
         .await
+    }
+
+    /// Connects to the master that Redis Sentinel names `master`, found through any of
+    /// `sentinels` (their addresses: `redis://host:26379`, or `rediss://` for TLS to the
+    /// sentinels and the master), and follows it: after a failover, the first call that
+    /// fails on the old master (its connection dropped or refused, `READONLY` from a
+    /// demoted one) makes the store ask the sentinels again and move to the new master, with
+    /// its waiters subscribed again there. The failed call itself fails as unavailable. The
+    /// builder's credentials, TLS material and response timeout apply to the master (the
+    /// sentinels get the TLS material, not the credentials); one connection carries every
+    /// call ([`connections`](Self::connections) does not apply). The same from a URL:
+    /// [`connect`](Self::connect) with
+    /// `redis+sentinel://[user:password@]host:port[,host:port…]/master[/db]`.
+    ///
+    /// Records survive a failover only if the promoted replica had them: with the
+    /// durability guard ([`wait_for_replicas`](Self::wait_for_replicas)) every reservation
+    /// and completion is acknowledged by the replicas first, and Sentinel promotes the
+    /// replica with the largest replication offset.
+    ///
+    /// # Errors
+    ///
+    /// No sentinel given, no sentinel answering, a master name the sentinels do not know
+    /// (`Other`), or a master that cannot be reached now.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), idemkit_core::StoreError> {
+    /// use std::time::Duration;
+    /// let store = idemkit_redis::RedisStore::builder()
+    ///     .wait_for_replicas(1, Duration::from_millis(100))
+    ///     .connect_sentinel(["redis://10.0.0.1:26379", "redis://10.0.0.2:26379"], "mymaster")
+    ///     .await?;
+    /// // or: .connect("redis+sentinel://10.0.0.1:26379,10.0.0.2:26379/mymaster")
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect_sentinel<I, U>(
+        self,
+        sentinels: I,
+        master: &str,
+    ) -> Result<RedisStore, StoreError>
+    where
+        I: IntoIterator<Item = U>,
+        U: IntoConnectionInfo,
+    {
+        crypto_provider();
+        let sentinels = sentinels
+            .into_iter()
+            .map(IntoConnectionInfo::into_connection_info)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(map_err)?;
+        let tls = sentinels
+            .iter()
+            .any(|s| matches!(s.addr(), redis::ConnectionAddr::TcpTls { .. }));
+        self.sentinel(sentinels, master.to_string(), tls, 0).await
+    }
+
+    async fn sentinel(
+        self,
+        sentinels: Vec<ConnectionInfo>,
+        master: String,
+        tls: bool,
+        db: i64,
+    ) -> Result<RedisStore, StoreError> {
+        let waiters = Arc::new(Waiters::default());
+        let config = self.manager_config(&waiters);
+        let for_master = self.clone();
+        let make_client: MakeClient = Box::new(move |host, port| {
+            let scheme = if tls { "rediss" } else { "redis" };
+            let info = format!("{scheme}://{host}:{port}/{db}")
+                .into_connection_info()
+                .map_err(map_err)?;
+            for_master.client(info)
+        });
+        let for_sentinels = self.tls.clone();
+        let make_sentinel: MakeSentinel =
+            Box::new(move |info| match for_sentinels.certificates()? {
+                Some(certs) if matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) => {
+                    redis::Client::build_with_tls(info.clone(), certs).map_err(map_err)
+                }
+                _ => redis::Client::open(info.clone()).map_err(map_err),
+            });
+        let follower = Follower::connect(
+            sentinels,
+            master,
+            make_client,
+            make_sentinel,
+            config,
+            self.connection_timeout.max(self.response_timeout),
+            waiters.clone(),
+        )
+        .await?;
+        let conn = Conn::Sentinel(follower.clone());
+        self.finish(conn, Vec::new(), Opener::Sentinel(follower), waiters)
+            .await
+    }
+
+    /// The configuration of a store's shared connections.
+    fn manager_config(&self, waiters: &Arc<Waiters>) -> ConnectionManagerConfig {
+        ConnectionManagerConfig::new()
+            .set_response_timeout(Some(self.response_timeout))
+            .set_connection_timeout(Some(self.connection_timeout))
+            .set_number_of_retries(1)
+            .set_automatic_resubscription()
+            .set_push_sender(push_handler(waiters.clone()))
     }
 
     /// Connects to a Redis Cluster through any of its nodes (`redis://`, or `rediss://` for a

@@ -20,6 +20,8 @@ use crate::{eval_on, scripts};
 pub(crate) enum Opener {
     Single(Box<redis::Client>),
     Cluster(Box<ClusterClient>),
+    /// The current master behind Sentinel.
+    Sentinel(std::sync::Arc<crate::sentinel::Follower>),
 }
 
 /// Connections for guarded writes, reused: at most `IDLE` are kept; more are opened when
@@ -52,12 +54,18 @@ impl Durable {
 
     /// A connection no other call uses until [`checkin`](Durable::checkin).
     pub(crate) async fn checkout(&self) -> Result<Conn, StoreError> {
-        if let Some(c) = self
+        while let Some(c) = self
             .idle
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .pop()
         {
+            // One to a master that Sentinel replaced since is closed, not reused.
+            if let Conn::Pinned(p) = &c
+                && p.generation != p.follower.current().0
+            {
+                continue;
+            }
             return Ok(c);
         }
         // The `WAIT` itself may take `timeout`: the connection's own limit must allow it.
@@ -76,6 +84,21 @@ impl Durable {
                 .await
                 .map(Conn::Cluster)
                 .map_err(map_err),
+            Opener::Sentinel(follower) => {
+                let config = AsyncConnectionConfig::new().set_response_timeout(Some(limit));
+                let (generation, _) = follower.current();
+                let conn = follower
+                    .client()
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await
+                    .map_err(map_err)?;
+                Ok(Conn::Pinned(Box::new(crate::conn::Pinned {
+                    follower: follower.clone(),
+                    generation,
+                    conn,
+                    config,
+                })))
+            }
         }
     }
 

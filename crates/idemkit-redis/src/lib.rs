@@ -78,6 +78,7 @@ mod plain;
 mod replays;
 mod scan;
 mod scripts;
+mod sentinel;
 mod wake;
 
 pub use builder::{EvictionCheck, RedisStoreBuilder};
@@ -647,12 +648,32 @@ impl Store for RedisStore {
         duration: Duration,
     ) -> Result<(), StoreError> {
         let rkey = self.redis_key(key);
-        let renewed: i64 = self
-            .eval(&scripts::RENEW, &rkey, |cmd| {
-                cmd.arg(LeaseArg(lease)).arg(ms(duration));
-            })
+        if self.shared.durable.is_none() {
+            let renewed: i64 = self
+                .eval(&scripts::RENEW, &rkey, |cmd| {
+                    cmd.arg(LeaseArg(lease)).arg(ms(duration));
+                })
+                .await?;
+            return owner_checked(renewed);
+        }
+        // With the durability guard a renewal is confirmed only once the replicas have it:
+        // the lease end the owner counts on is one a failover keeps (a renewal the primary
+        // took and no replica saw would leave the promoted replica with the older, shorter
+        // lease, and a waiter there would take the key over from a working owner).
+        let lane = self.lane(&rkey);
+        let (reply, acked) = self
+            .eval_guarded(
+                lane,
+                &scripts::RENEW,
+                &rkey,
+                |cmd| {
+                    cmd.arg(LeaseArg(lease)).arg(ms(duration));
+                },
+                |reply| matches!(reply, Value::Int(1)),
+            )
             .await?;
-        owner_checked(renewed)
+        owner_checked(crate::errors::int(Some(&reply))?)?;
+        acked
     }
 
     async fn complete(

@@ -47,6 +47,16 @@ impl Waiters {
             .contains_key(channel.as_bytes())
     }
 
+    /// The channels that have local waiters (to subscribe again on a new master).
+    pub(crate) fn channels(&self) -> Vec<String> {
+        self.channels
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .keys()
+            .map(|c| String::from_utf8_lossy(c).into_owned())
+            .collect()
+    }
+
     /// Channels with local waiters.
     pub(crate) fn len(&self) -> usize {
         self.channels
@@ -134,6 +144,8 @@ impl RedisStore {
             Conn::Cluster(mut c) => c.ssubscribe(channel).await,
             Conn::Single(mut c) => c.subscribe(channel).await,
             Conn::Dedicated(mut c) => c.subscribe(channel).await,
+            Conn::Sentinel(f) => f.current().1.subscribe(channel).await,
+            Conn::Pinned(mut p) => p.conn.subscribe(channel).await,
         }
     }
 
@@ -142,6 +154,8 @@ impl RedisStore {
             Conn::Cluster(mut c) => c.sunsubscribe(channel).await,
             Conn::Single(mut c) => c.unsubscribe(channel).await,
             Conn::Dedicated(mut c) => c.unsubscribe(channel).await,
+            Conn::Sentinel(f) => f.current().1.unsubscribe(channel).await,
+            Conn::Pinned(mut p) => p.conn.unsubscribe(channel).await,
         }
     }
 

@@ -448,8 +448,7 @@ def _redis_target(client: Any) -> _RedisTarget:
     connection_class = getattr(pool, "connection_class", None)
     class_name = getattr(connection_class, "__name__", "")
     if "Sentinel" in type(pool).__name__ or "Sentinel" in class_name:
-        service = getattr(pool, "service_name", "?")
-        raise _refuse(f"Sentinel master {service!r} (idemkit's store does not follow a Sentinel yet: give the master's URL)")
+        return _sentinel_target(pool, class_name)
     kwargs = dict(getattr(pool, "connection_kwargs", {}) or {})
     unknown = sorted(k for k in kwargs if k not in _IGNORED_KWARGS and not k.startswith("ssl") and k not in ("host", "port", "db", "path", "username", "password"))
     if unknown:
@@ -466,6 +465,29 @@ def _redis_target(client: Any) -> _RedisTarget:
     return _RedisTarget([f"{'rediss' if tls else 'redis'}://{host}:{port}/{db}"], auth=auth)
 
 
+def _sentinel_target(pool: Any, class_name: str) -> _RedisTarget:
+    """A ``Sentinel(...).master_for(name)`` client: the sentinels' addresses, the master's
+    name, database, credentials and TLS, as a ``redis+sentinel://`` URL the store follows
+    through failovers."""
+    service = getattr(pool, "service_name", None)
+    manager = getattr(pool, "sentinel_manager", None)
+    sentinels = list(getattr(manager, "sentinels", []) or [])
+    if not service or not sentinels:
+        raise _refuse("Sentinel pool without a master name or sentinels")
+    sentinel_kwargs = [dict(getattr(x.connection_pool, "connection_kwargs", {}) or {}) for x in sentinels]
+    if any(k.get("password") or k.get("username") for k in sentinel_kwargs):
+        raise _refuse("sentinels' own password (sentinel_kwargs): idemkit's store connects to sentinels without one")
+    tls = "SSL" in class_name
+    sentinel_tls = any("SSL" in getattr(x.connection_pool.connection_class, "__name__", "") for x in sentinels)
+    if tls != sentinel_tls:
+        raise _refuse("TLS to the master but not to the sentinels, or the other way round (idemkit's store uses TLS for both or neither)")
+    kwargs = dict(getattr(pool, "connection_kwargs", {}) or {})
+    auth = _tls_and_auth(kwargs, tls)
+    hosts = ",".join(f"{k.get('host', 'localhost')}:{k.get('port', 26379)}" for k in sentinel_kwargs)
+    scheme = "rediss+sentinel" if tls else "redis+sentinel"
+    return _RedisTarget([f"{scheme}://{hosts}/{service}/{kwargs.get('db', 0)}"], auth=auth)
+
+
 def _url_of(client: Any) -> str:
     """The URL a redis-py client connects to (without its credentials and TLS files: see
     ``_redis_target``)."""
@@ -477,8 +499,10 @@ class RedisAsyncIdempotencyRepository(AsyncIdempotencyRepository):
     client, or a URL. idemkit keeps connections of its own, made with everything that decides
     where the client's data lives: host, port and database (or its Unix socket), user and
     password, TLS (``rediss``, ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``), a
-    ``RedisCluster``'s nodes. What it cannot carry (a Sentinel client, a certificate check
-    switched off, a credential provider, settings it does not know) raises ``ConfigError``
+    ``RedisCluster``'s nodes, a ``Sentinel(...).master_for(name)`` client's sentinels and
+    master name (the store follows the master through failovers). What it cannot carry (a
+    certificate check switched off, a credential provider, a password for the sentinels
+    themselves, settings it does not know) raises ``ConfigError``
     here, at construction: a client is never replaced by a guess. A fakeredis client gets
     idemkit's in-memory store (its data is this process's too), which still deduplicates.
 
