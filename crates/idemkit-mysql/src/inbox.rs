@@ -180,7 +180,7 @@ impl Inbox {
             .map_err(|e| self.err(e))
     }
 
-    fn err(&self, e: sqlx::Error) -> StoreError {
+    pub(crate) fn err(&self, e: sqlx::Error) -> StoreError {
         map_err(e, &self.table, MIGRATE)
     }
 

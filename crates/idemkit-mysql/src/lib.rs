@@ -21,6 +21,7 @@
 /// The database driver this crate is built on, so an application uses the same version.
 pub use sqlx;
 
+mod consume;
 mod inbox;
 mod row;
 mod scan;
@@ -28,6 +29,7 @@ mod sql;
 mod store;
 mod tx;
 
+pub use consume::{HandlerError, InboxHandler, PooledInbox};
 pub use idemkit_core::inbox::{DeliverError, Delivered, InboxError, Seen, TxFuture};
 pub use inbox::Inbox;
 pub use store::{MySqlStore, MySqlStoreBuilder, NameError};

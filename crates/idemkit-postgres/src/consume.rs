@@ -5,55 +5,62 @@
 //!
 //! [`Processor`]: idemkit_runner::Processor
 
-use std::fmt;
 use std::future::Future;
 
-use idemkit_core::fault::{self, FaultPoint};
-use idemkit_core::{Attempt, Key, KeyError, Operation};
-use idemkit_runner::Handle;
-use serde::Serialize;
-use serde::de::DeserializeOwned;
-use sqlx::{PgConnection, PgPool};
+use idemkit_core::inbox::{InboxError, Seen};
+use idemkit_core::{Attempt, Key, KeyError};
+use idemkit_runner::InboxTx;
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
 use crate::errors::map_err;
 use crate::inbox::Inbox;
 use crate::tx::TxFuture;
-use idemkit_core::inbox::{InboxError, Seen};
 
-/// A runner handler in the seed's order of effects (see [`Inbox::handler`]).
-pub struct InboxHandler<C, D, X> {
+/// A runner handler in the seed's order of effects (see [`Inbox::handler`]): the runner
+/// crate's one handler, on this crate's inbox.
+pub type InboxHandler<C, D, X> = idemkit_runner::InboxHandler<PooledInbox, C, D, X>;
+
+/// Why an [`InboxHandler`] did not finish (the runner crate's, under its old path).
+pub use idemkit_runner::HandlerError;
+
+/// The inbox and the pool its handler's transactions run on: what [`InboxHandler`] claims
+/// and commits through.
+#[derive(Debug, Clone)]
+pub struct PooledInbox {
     inbox: Inbox,
     pool: PgPool,
-    consumer: Operation,
-    claim: C,
-    database: D,
-    external: X,
 }
 
-impl<C, D, X> fmt::Debug for InboxHandler<C, D, X> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("InboxHandler")
-            .field("consumer", &self.consumer)
-            .finish_non_exhaustive()
+impl PooledInbox {
+    fn store(&self, e: sqlx::Error) -> InboxError {
+        InboxError::Store(map_err(e, &self.inbox.table, crate::inbox::MIGRATE))
     }
 }
 
-/// Why an [`InboxHandler`] did not finish. A database effect either committed with its inbox
-/// row or not at all; the runner retries the delivery (then dead-letters it, by its retry
-/// policy), and a retry finds the committed part as it left it.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum HandlerError<E> {
-    /// The inbox failed (the database down, a missing table): nothing ran.
-    #[error(transparent)]
-    Inbox(#[from] InboxError),
-    /// The database effect failed; its transaction (and the inbox row) rolled back.
-    #[error("the database effect failed: {0}")]
-    Database(E),
-    /// The database effect is committed (now or by an earlier delivery); the external
-    /// effect failed.
-    #[error("the external effect failed: {0}")]
-    External(E),
+impl InboxTx for PooledInbox {
+    type Tx = Transaction<'static, Postgres>;
+    type Conn = PgConnection;
+
+    async fn begin(&self) -> Result<Self::Tx, InboxError> {
+        self.pool.begin().await.map_err(|e| self.store(e))
+    }
+
+    fn conn(tx: &mut Self::Tx) -> &mut PgConnection {
+        tx
+    }
+
+    async fn claim<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        consumer: &'a str,
+        id: &'a str,
+    ) -> Result<Seen, InboxError> {
+        self.inbox.claim(tx, consumer, id).await
+    }
+
+    async fn commit(&self, tx: Self::Tx) -> Result<(), InboxError> {
+        tx.commit().await.map_err(|e| self.store(e))
+    }
 }
 
 impl Inbox {
@@ -130,51 +137,12 @@ impl Inbox {
         X: Fn(M, Attempt) -> Fut + Send + Sync,
         Fut: Future<Output = Result<T, E>> + Send,
     {
-        Ok(InboxHandler {
-            inbox: self,
-            pool,
-            consumer: Operation::new(consumer)?,
+        InboxHandler::new(
+            PooledInbox { inbox: self, pool },
+            consumer,
             claim,
             database,
             external,
-        })
-    }
-}
-
-impl<M, C, D, X, Fut, T, E> Handle<M> for InboxHandler<C, D, X>
-where
-    M: Send + Sync,
-    C: Fn(&M) -> Result<Key, KeyError> + Send + Sync,
-    D: for<'t> Fn(&'t M, &'t mut PgConnection) -> TxFuture<'t, Result<(), E>> + Send + Sync,
-    X: Fn(M, Attempt) -> Fut + Send + Sync,
-    Fut: Future<Output = Result<T, E>> + Send,
-    T: Serialize + DeserializeOwned + Send,
-    E: fmt::Display + Send,
-{
-    type Output = T;
-    type Error = HandlerError<E>;
-
-    async fn handle(&self, message: M, attempt: Attempt) -> Result<T, HandlerError<E>> {
-        let id = (self.claim)(&message).map_err(InboxError::InvalidId)?;
-        let store = |e| InboxError::Store(map_err(e, &self.inbox.table, crate::inbox::MIGRATE));
-        let mut tx = self.pool.begin().await.map_err(store)?;
-        let seen = self
-            .inbox
-            .claim(&mut tx, self.consumer.as_str(), id.as_str())
-            .await?;
-        if seen == Seen::New {
-            // An error drops `tx`: the inbox row and the effect roll back together.
-            (self.database)(&message, &mut tx)
-                .await
-                .map_err(HandlerError::Database)?;
-            tx.commit().await.map_err(store)?;
-            // A test's crash point: committed, the external effect not sent.
-            fault::hit(FaultPoint::AfterInboxCommit);
-        } else {
-            drop(tx);
-        }
-        (self.external)(message, attempt)
-            .await
-            .map_err(HandlerError::External)
+        )
     }
 }

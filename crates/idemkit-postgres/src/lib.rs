@@ -34,7 +34,7 @@ mod tx;
 mod wake;
 
 pub use builder::PgStoreBuilder;
-pub use consume::{HandlerError, InboxHandler};
+pub use consume::{HandlerError, InboxHandler, PooledInbox};
 pub use fence::Fences;
 pub use idemkit_core::inbox::{DeliverError, Delivered, InboxError, Seen};
 pub use inbox::Inbox;

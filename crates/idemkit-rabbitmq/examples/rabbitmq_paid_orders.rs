@@ -1,19 +1,23 @@
 //! The seed's consumer on RabbitMQ, in one piece: an "order paid" message writes the order's
-//! invoice row to PostgreSQL and emails the invoice, once, however often RabbitMQ delivers
-//! the message and wherever the worker dies. The same building block as the Kafka and
-//! JetStream consumers: a [`Processor`] running an [`Inbox::handler`].
+//! invoice row to PostgreSQL (or MySQL/MariaDB) and emails the invoice, once, however often
+//! RabbitMQ delivers the message and wherever the worker dies. The same building block as the
+//! Kafka and JetStream consumers: a [`Processor`] running an [`Inbox::handler`] (PostgreSQL's
+//! or MySQL's: the same handler).
 //!
 //! ```text
 //! # RabbitMQ on 127.0.0.1:5672 (guest/guest), PostgreSQL on 5432:
 //! cargo run -p idemkit-rabbitmq --example rabbitmq_paid_orders -- --demo
 //! cargo run -p idemkit-rabbitmq --example rabbitmq_paid_orders -- --demo --keys redis://127.0.0.1:6379
+//! # RabbitMQ and MariaDB (the invoices, the inbox and the keys):
+//! cargo run -p idemkit-rabbitmq --example rabbitmq_paid_orders -- --demo --database mysql://root@127.0.0.1:3306/test
 //! ```
 //!
 //! One [`Processor`] on the effect's key (`order-9.invoice`) runs an [`Inbox::handler`]: one
 //! transaction claims the inbox for the order and inserts the invoice row, it commits, then
 //! the "mail API" is called with the attempt's downstream key. The mail API stands for a real
 //! one that takes an idempotency key: a table with that key as its primary key, counting
-//! the calls it got. The keys live on PostgreSQL, or on Redis with `--keys redis://...`.
+//! the calls it got. The keys live in the database (`--database`, PostgreSQL by default or
+//! `mysql://...`), or on Redis with `--keys redis://...`.
 //! A message's body is its order id.
 //!
 //! With `--demo` it publishes order-7 once and order-9 twice (a retrying publisher: two
@@ -27,13 +31,15 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use idemkit_core::{Attempt, Coordinator, Key, KeyError, Operation, Policy, Store};
+use idemkit_mysql::MySqlStore;
+use idemkit_mysql::sqlx::MySqlPool;
 use idemkit_postgres::sqlx::{self, PgPool};
 use idemkit_postgres::{Inbox, PgStore};
 use idemkit_rabbitmq::lapin::options::{BasicPublishOptions, QueueDeclareOptions};
 use idemkit_rabbitmq::lapin::types::FieldTable;
 use idemkit_rabbitmq::lapin::{BasicProperties, Connection, ConnectionProperties};
 use idemkit_rabbitmq::{Message, RabbitRunner};
-use idemkit_runner::{Processor, Settlement};
+use idemkit_runner::{Handle, Processor, Settlement};
 
 /// The effect a message asks for: this order's invoice. The key and the inbox claim both.
 fn invoice_of(m: &Message) -> Result<Key, KeyError> {
@@ -77,6 +83,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if args.keys.starts_with("redis") {
         let store = idemkit_redis::RedisStore::connect(&args.keys).await?;
         run(store, policy, &args).await
+    } else if is_mysql(&args.keys) {
+        let store = MySqlStore::connect(&args.keys).await?;
+        store.migrate().await?;
+        run(store, policy, &args).await
     } else {
         let store = PgStore::connect(&args.keys).await?;
         store.migrate().await?;
@@ -84,20 +94,56 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 }
 
+fn is_mysql(url: &str) -> bool {
+    url.starts_with("mysql://") || url.starts_with("mariadb://")
+}
+
+/// The database of the invoices, the inbox and the mail API's table.
+enum Db {
+    Postgres(PgPool),
+    MySql(MySqlPool),
+}
+
 async fn run<S: Store + Clone>(
     store: S,
     policy: Policy,
     args: &Args,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    if is_mysql(&args.database) {
+        let pool = MySqlPool::connect(&args.database).await?;
+        setup_mysql(&pool).await?;
+        let handler = idemkit_mysql::Inbox::new().handler(
+            pool.clone(),
+            "billing",
+            invoice_of,
+            // The database effect, in the inbox's transaction: the invoice row.
+            |m: &Message, conn| {
+                let order = order_of(m);
+                Box::pin(async move {
+                    sqlx::query("INSERT INTO paid_invoices (order_id) VALUES (?)")
+                        .bind(order)
+                        .execute(conn)
+                        .await?;
+                    Ok::<_, sqlx::Error>(())
+                })
+            },
+            // The external effect: the email, through a mail API that takes our downstream
+            // key.
+            {
+                let db = Arc::new(Db::MySql(pool.clone()));
+                move |m: Message, attempt: Attempt| {
+                    let db = db.clone();
+                    async move {
+                        db.mail_api(&downstream_of(&m, &attempt), &order_of(&m))
+                            .await
+                    }
+                }
+            },
+        )?;
+        return consume(store, policy, args, handler, &Db::MySql(pool)).await;
+    }
     let pool = PgPool::connect(&args.database).await?;
     setup(&pool).await?;
-    // The demo's orders are this run's own (`order-9-<run>`), so a rerun on the same
-    // database counts its own rows.
-    let run_id = format!("{:x}", std::process::id());
-    let (seven, nine) = (format!("order-7-{run_id}"), format!("order-9-{run_id}"));
-    if args.demo {
-        publish(args, &[&seven, &nine, &nine]).await?;
-    }
     let handler = Inbox::new().handler(
         pool.clone(),
         "billing",
@@ -115,19 +161,47 @@ async fn run<S: Store + Clone>(
         },
         // The external effect: the email, through a mail API that takes our downstream key.
         {
-            let pool = pool.clone();
+            let db = Arc::new(Db::Postgres(pool.clone()));
             move |m: Message, attempt: Attempt| {
-                let pool = pool.clone();
+                let db = db.clone();
                 async move {
-                    let downstream = attempt
-                        .downstream_key()
-                        .map(|k| k.to_string())
-                        .unwrap_or_else(|| format!("unprotected-{}", m.delivery_tag));
-                    mail_api(&pool, &downstream, &order_of(&m)).await
+                    db.mail_api(&downstream_of(&m, &attempt), &order_of(&m))
+                        .await
                 }
             }
         },
     )?;
+    consume(store, policy, args, handler, &Db::Postgres(pool)).await
+}
+
+/// The key the mail API gets: the attempt's downstream key (the same on every attempt).
+fn downstream_of(m: &Message, attempt: &Attempt) -> String {
+    attempt
+        .downstream_key()
+        .map(|k| k.to_string())
+        .unwrap_or_else(|| format!("unprotected-{}", m.delivery_tag))
+}
+
+/// Consumes the queue with `handler` under the order's key; with `--demo`, publishes the
+/// demo's orders first and checks their counts after.
+async fn consume<S, H>(
+    store: S,
+    policy: Policy,
+    args: &Args,
+    handler: H,
+    db: &Db,
+) -> Result<(), Box<dyn std::error::Error>>
+where
+    S: Store + Clone,
+    H: Handle<Message, Output = String> + 'static,
+{
+    // The demo's orders are this run's own (`order-9-<run>`), so a rerun on the same
+    // database counts its own rows.
+    let run_id = format!("{:x}", std::process::id());
+    let (seven, nine) = (format!("order-7-{run_id}"), format!("order-9-{run_id}"));
+    if args.demo {
+        publish(args, &[&seven, &nine, &nine]).await?;
+    }
     let processor = Processor::new(
         Coordinator::builder(store).policy(policy).build(),
         Operation::new("invoice.send")?,
@@ -162,7 +236,7 @@ async fn run<S: Store + Clone>(
         .await?;
     if args.demo {
         for order in [&seven, &nine] {
-            let (invoices, emails, calls) = counts(&pool, order).await?;
+            let (invoices, emails, calls) = db.counts(order).await?;
             println!("{order}: {invoices} invoice, {emails} email ({calls} mail API call)");
             if (invoices, emails) != (1, 1) {
                 return Err(format!("{order}: {invoices} invoices, {emails} emails").into());
@@ -190,34 +264,81 @@ async fn setup(pool: &PgPool) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// The mail API: one email per idempotency key; a repeated call is answered with the same
-/// email, counted as a call.
-async fn mail_api(pool: &PgPool, key: &str, order: &str) -> Result<String, sqlx::Error> {
-    sqlx::query(
-        "INSERT INTO paid_mail_api (idempotency_key, order_id) VALUES ($1, $2)
-         ON CONFLICT (idempotency_key) DO UPDATE SET calls = paid_mail_api.calls + 1",
-    )
-    .bind(key)
-    .bind(order)
-    .execute(pool)
-    .await?;
-    Ok(format!("em_{order}"))
+/// MySQL's tables, as [`setup`]'s (`CREATE TABLE IF NOT EXISTS` takes a metadata lock there:
+/// workers starting together do not collide).
+async fn setup_mysql(pool: &MySqlPool) -> Result<(), Box<dyn std::error::Error>> {
+    idemkit_mysql::Inbox::new().migrate(pool).await?;
+    for ddl in [
+        "CREATE TABLE IF NOT EXISTS paid_invoices (order_id VARCHAR(200) NOT NULL, \
+         at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)) ENGINE = InnoDB",
+        "CREATE TABLE IF NOT EXISTS paid_mail_api (idempotency_key VARCHAR(200) PRIMARY KEY, \
+         order_id VARCHAR(200) NOT NULL, calls INT NOT NULL DEFAULT 1) ENGINE = InnoDB",
+    ] {
+        sqlx::query(ddl).execute(pool).await?;
+    }
+    Ok(())
 }
 
-/// Invoices, emails and mail API calls for one order.
-async fn counts(pool: &PgPool, order: &str) -> Result<(i64, i64, i64), sqlx::Error> {
-    let invoices: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM paid_invoices WHERE order_id = $1")
-            .bind(order)
-            .fetch_one(pool)
-            .await?;
-    let (emails, calls): (i64, i64) = sqlx::query_as(
-        "SELECT count(*), coalesce(sum(calls), 0) FROM paid_mail_api WHERE order_id = $1",
-    )
-    .bind(order)
-    .fetch_one(pool)
-    .await?;
-    Ok((invoices, emails, calls))
+impl Db {
+    /// The mail API: one email per idempotency key; a repeated call is answered with the
+    /// same email, counted as a call.
+    async fn mail_api(&self, key: &str, order: &str) -> Result<String, sqlx::Error> {
+        match self {
+            Db::Postgres(pool) => {
+                sqlx::query(
+                    "INSERT INTO paid_mail_api (idempotency_key, order_id) VALUES ($1, $2)
+                     ON CONFLICT (idempotency_key) DO UPDATE SET calls = paid_mail_api.calls + 1",
+                )
+                .bind(key)
+                .bind(order)
+                .execute(pool)
+                .await?;
+            }
+            Db::MySql(pool) => {
+                sqlx::query(
+                    "INSERT INTO paid_mail_api (idempotency_key, order_id) VALUES (?, ?)
+                     ON DUPLICATE KEY UPDATE calls = calls + 1",
+                )
+                .bind(key)
+                .bind(order)
+                .execute(pool)
+                .await?;
+            }
+        }
+        Ok(format!("em_{order}"))
+    }
+
+    /// Invoices, emails and mail API calls for one order.
+    async fn counts(&self, order: &str) -> Result<(i64, i64, i64), sqlx::Error> {
+        const INVOICES: &str = "SELECT count(*) FROM paid_invoices WHERE order_id = ";
+        const EMAILS: &str = "SELECT count(*), CAST(coalesce(sum(calls), 0) AS SIGNED) FROM paid_mail_api WHERE order_id = ";
+        match self {
+            Db::Postgres(pool) => {
+                let invoices: i64 = sqlx::query_scalar(&format!("{INVOICES}$1"))
+                    .bind(order)
+                    .fetch_one(pool)
+                    .await?;
+                let (emails, calls): (i64, i64) = sqlx::query_as(
+                    "SELECT count(*), coalesce(sum(calls), 0) FROM paid_mail_api WHERE order_id = $1",
+                )
+                .bind(order)
+                .fetch_one(pool)
+                .await?;
+                Ok((invoices, emails, calls))
+            }
+            Db::MySql(pool) => {
+                let invoices: i64 = sqlx::query_scalar(&format!("{INVOICES}?"))
+                    .bind(order)
+                    .fetch_one(pool)
+                    .await?;
+                let (emails, calls): (i64, i64) = sqlx::query_as(&format!("{EMAILS}?"))
+                    .bind(order)
+                    .fetch_one(pool)
+                    .await?;
+                Ok((invoices, emails, calls))
+            }
+        }
+    }
 }
 
 /// Declares the queue (durable: paid orders outlive a broker restart) and publishes the

@@ -91,6 +91,7 @@ use idemkit_runner::{Settler, Transport};
 pub use lapin;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, BasicRejectOptions,
+    QueueDeclareOptions,
 };
 use lapin::types::FieldTable;
 use lapin::{Acker, Channel, Connection, ConnectionProperties};
@@ -122,6 +123,7 @@ pub struct RabbitRunner<S, K, H: Handle<Message>> {
     uri: String,
     properties: ConnectionProperties,
     tls: Option<Arc<Tls>>,
+    declare: Option<(QueueDeclareOptions, FieldTable)>,
     queue: String,
     settler: Settler<S, K, H, Message>,
     concurrency: u16,
@@ -178,6 +180,7 @@ where
             uri: uri.into(),
             properties: ConnectionProperties::default(),
             tls: None,
+            declare: None,
             queue: queue.into(),
             settler: Settler::new(processor),
             concurrency: 16,
@@ -233,6 +236,39 @@ where
     /// How many handlers run at once (16 by default, at least 1).
     pub fn concurrency(mut self, n: u16) -> Self {
         self.concurrency = n.max(1);
+        self
+    }
+
+    /// Declares the queue on every (re)connect, before consuming it, with `options` and
+    /// `arguments` (RabbitMQ's `x-queue-type`, `x-delivery-limit`, `x-dead-letter-exchange`
+    /// ...), instead of requiring it to exist. Opt-in: a queue's type and arguments are an
+    /// operator's decision, and a declaration that differs from the existing queue's is
+    /// refused by the broker (`PRECONDITION_FAILED`), which fails [`run`](Self::run) on the
+    /// first connection rather than consume a queue other than the one described.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// use idemkit_core::{Coordinator, Key, MemoryStore, Operation};
+    /// use idemkit_rabbitmq::lapin::options::QueueDeclareOptions;
+    /// use idemkit_rabbitmq::lapin::types::{AMQPValue, FieldTable};
+    /// use idemkit_rabbitmq::{Message, RabbitRunner};
+    /// use idemkit_runner::Processor;
+    ///
+    /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+    /// let processor = Processor::builder(Coordinator::new(MemoryStore::new()), Operation::new("mail.invoice")?)
+    ///     .key(|m: &Message| Key::compose([m.text().unwrap_or(""), "invoice"]))
+    ///     .handler(|m: Message, _attempt| async move { Ok::<_, std::io::Error>(format!("em_{}", m.data.len())) });
+    /// let mut quorum = FieldTable::default();
+    /// quorum.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+    /// RabbitRunner::new("amqp://guest:guest@127.0.0.1:5672/%2f", "orders.paid", processor)
+    ///     .declare_queue(QueueDeclareOptions { durable: true, ..Default::default() }, quorum)
+    ///     .run(async { let _ = tokio::signal::ctrl_c().await; })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn declare_queue(mut self, options: QueueDeclareOptions, arguments: FieldTable) -> Self {
+        self.declare = Some((options, arguments));
         self
     }
 
@@ -306,7 +342,7 @@ where
             let opened = tokio::select! {
                 biased;
                 () = &mut shutdown => break 'connect,
-                opened = open(&self.uri, &self.properties, self.tls.as_deref(), &shared.queue, prefetch) => opened,
+                opened = open(&self.uri, &self.properties, self.tls.as_deref(), self.declare.as_ref(), &shared.queue, prefetch) => opened,
             };
             let (session, mut consumer) = match opened {
                 Ok(opened) => opened,
@@ -430,6 +466,7 @@ async fn open(
     uri: &str,
     properties: &ConnectionProperties,
     tls: Option<&Tls>,
+    declare: Option<&(QueueDeclareOptions, FieldTable)>,
     queue: &str,
     prefetch: u16,
 ) -> lapin::Result<(Session, lapin::Consumer)> {
@@ -446,6 +483,11 @@ async fn open(
         }
     };
     let channel = connection.create_channel().await?;
+    if let Some((options, arguments)) = declare {
+        channel
+            .queue_declare(queue.into(), *options, arguments.clone())
+            .await?;
+    }
     channel
         .basic_qos(prefetch, BasicQosOptions::default())
         .await?;
