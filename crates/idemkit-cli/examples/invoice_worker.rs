@@ -14,7 +14,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use idemkit_core::{Coordinator, DynStore, ErrorKind, InFlight, Key, Operation, Policy, Source};
+use idemkit::{Coordinator, DynStore, ErrorKind, InFlight, Key, Operation, Policy, Source};
 
 struct Args {
     store: String,
@@ -70,7 +70,7 @@ fn parse() -> Result<Args, String> {
 
 async fn store(a: &Args) -> Result<DynStore, Box<dyn std::error::Error>> {
     if a.store.starts_with("postgres") {
-        let store = idemkit_postgres::PgStore::builder()
+        let store = idemkit::postgres::PgStore::builder()
             .schema(&a.schema)
             .max_connections(2)
             .connect(&a.store)
@@ -78,14 +78,14 @@ async fn store(a: &Args) -> Result<DynStore, Box<dyn std::error::Error>> {
         store.migrate().await?;
         Ok(DynStore::new(store))
     } else if a.store.starts_with("mysql") {
-        let store = idemkit_mysql::MySqlStore::builder()
+        let store = idemkit::mysql::MySqlStore::builder()
             .max_connections(2)
             .connect(&a.store)
             .await?;
         store.migrate().await?;
         Ok(DynStore::new(store))
     } else {
-        let store = idemkit_redis::RedisStore::builder()
+        let store = idemkit::redis::RedisStore::builder()
             .prefix(a.prefix.as_str())
             .connect(&a.store)
             .await?;

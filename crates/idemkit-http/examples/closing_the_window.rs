@@ -31,9 +31,9 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::{get, post};
 use http::StatusCode;
-use idemkit_core::{Coordinator, Key, Operation, Policy};
-use idemkit_http::{IdempotencyInfo, IdempotencyLayer};
-use idemkit_redis::RedisStore;
+use idemkit::http::{IdempotencyInfo, IdempotencyLayer};
+use idemkit::redis::RedisStore;
+use idemkit::{Coordinator, Key, Operation, Policy};
 
 fn redis_url() -> String {
     std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())

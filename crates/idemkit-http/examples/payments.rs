@@ -18,9 +18,9 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::post;
 use http::StatusCode;
-use idemkit_core::{Coordinator, InFlight, Operation, Scope};
-use idemkit_http::{IdempotencyInfo, IdempotencyLayer};
-use idemkit_redis::RedisStore;
+use idemkit::http::{IdempotencyInfo, IdempotencyLayer};
+use idemkit::redis::RedisStore;
+use idemkit::{Coordinator, InFlight, Operation, Scope};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

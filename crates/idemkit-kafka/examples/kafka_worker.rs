@@ -19,10 +19,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use idemkit_core::{Coordinator, Key, Operation};
-use idemkit_kafka::KafkaRunner;
-use idemkit_redis::RedisStore;
-use idemkit_runner::{Processor, Settlement};
+use idemkit::kafka::KafkaRunner;
+use idemkit::redis::RedisStore;
+use idemkit::runner::{Processor, Settlement};
+use idemkit::{Coordinator, Key, Operation};
 use rdkafka::ClientConfig;
 use rdkafka::Message as _;
 use rdkafka::message::OwnedMessage;

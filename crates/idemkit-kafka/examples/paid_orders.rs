@@ -24,14 +24,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use idemkit_core::{Attempt, Coordinator, Key, KeyError, Operation, Policy, Store};
-use idemkit_kafka::KafkaRunner;
-use idemkit_kafka::rdkafka::ClientConfig;
-use idemkit_kafka::rdkafka::Message as _;
-use idemkit_kafka::rdkafka::message::OwnedMessage;
-use idemkit_postgres::sqlx::{self, PgPool};
-use idemkit_postgres::{Inbox, PgStore};
-use idemkit_runner::{Processor, Settlement};
+use idemkit::kafka::KafkaRunner;
+use idemkit::kafka::rdkafka::ClientConfig;
+use idemkit::kafka::rdkafka::Message as _;
+use idemkit::kafka::rdkafka::message::OwnedMessage;
+use idemkit::postgres::sqlx::{self, PgPool};
+use idemkit::postgres::{Inbox, PgStore};
+use idemkit::runner::{Processor, Settlement};
+use idemkit::{Attempt, Coordinator, Key, KeyError, Operation, Policy, Store};
 
 /// The effect an event asks for: this order's invoice. The key and the inbox claim both.
 fn invoice_of(m: &OwnedMessage) -> Result<Key, KeyError> {
@@ -82,7 +82,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let policy = Policy::new().lease(args.lease);
     if args.keys.starts_with("redis") {
-        let store = idemkit_redis::RedisStore::connect(&args.keys).await?;
+        let store = idemkit::redis::RedisStore::connect(&args.keys).await?;
         run(store, policy, &args).await
     } else {
         let store = PgStore::connect(&args.keys).await?;
@@ -239,9 +239,9 @@ async fn counts(pool: &PgPool, order: &str) -> Result<(i64, i64, i64), sqlx::Err
 }
 
 async fn produce(args: &Args, orders: &[&str]) -> Result<(), Box<dyn std::error::Error>> {
-    use idemkit_kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-    use idemkit_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
-    let admin: AdminClient<idemkit_kafka::rdkafka::client::DefaultClientContext> =
+    use idemkit::kafka::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use idemkit::kafka::rdkafka::producer::{FutureProducer, FutureRecord};
+    let admin: AdminClient<idemkit::kafka::rdkafka::client::DefaultClientContext> =
         ClientConfig::new()
             .set("bootstrap.servers", &args.brokers)
             .create()?;

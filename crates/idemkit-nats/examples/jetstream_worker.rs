@@ -21,10 +21,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, Message, consumer::pull, stream};
-use idemkit_core::{Coordinator, Key, Operation, Policy};
-use idemkit_nats::JetStreamRunner;
-use idemkit_redis::RedisStore;
-use idemkit_runner::{Processor, Settlement};
+use idemkit::nats::JetStreamRunner;
+use idemkit::redis::RedisStore;
+use idemkit::runner::{Processor, Settlement};
+use idemkit::{Coordinator, Key, Operation, Policy};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -13,8 +13,8 @@
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use idemkit_core::{Coordinator, Key, Operation};
-use idemkit_postgres::{InTransaction, PgStore};
+use idemkit::postgres::{InTransaction, PgStore};
+use idemkit::{Coordinator, Key, Operation};
 
 static MAILS: AtomicUsize = AtomicUsize::new(0);
 

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use idemkit_core::{Coordinator, Key, Operation, StorageKey};
-use idemkit_postgres::PgStore;
+use idemkit::postgres::PgStore;
+use idemkit::{Coordinator, Key, Operation, StorageKey};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {

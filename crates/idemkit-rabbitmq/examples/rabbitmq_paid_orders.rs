@@ -30,16 +30,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use idemkit_core::{Attempt, Coordinator, Key, KeyError, Operation, Policy, Store};
-use idemkit_mysql::MySqlStore;
-use idemkit_mysql::sqlx::MySqlPool;
-use idemkit_postgres::sqlx::{self, PgPool};
-use idemkit_postgres::{Inbox, PgStore};
-use idemkit_rabbitmq::lapin::options::{BasicPublishOptions, QueueDeclareOptions};
-use idemkit_rabbitmq::lapin::types::FieldTable;
-use idemkit_rabbitmq::lapin::{BasicProperties, Connection, ConnectionProperties};
-use idemkit_rabbitmq::{Message, RabbitRunner};
-use idemkit_runner::{Handle, Processor, Settlement};
+use idemkit::mysql::MySqlStore;
+use idemkit::mysql::sqlx::MySqlPool;
+use idemkit::postgres::sqlx::{self, PgPool};
+use idemkit::postgres::{Inbox, PgStore};
+use idemkit::rabbitmq::lapin::options::{BasicPublishOptions, QueueDeclareOptions};
+use idemkit::rabbitmq::lapin::types::FieldTable;
+use idemkit::rabbitmq::lapin::{BasicProperties, Connection, ConnectionProperties};
+use idemkit::rabbitmq::{Message, RabbitRunner};
+use idemkit::runner::{Handle, Processor, Settlement};
+use idemkit::{Attempt, Coordinator, Key, KeyError, Operation, Policy, Store};
 
 /// The effect a message asks for: this order's invoice. The key and the inbox claim both.
 fn invoice_of(m: &Message) -> Result<Key, KeyError> {
@@ -81,7 +81,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let policy = Policy::new().lease(args.lease);
     if args.keys.starts_with("redis") {
-        let store = idemkit_redis::RedisStore::connect(&args.keys).await?;
+        let store = idemkit::redis::RedisStore::connect(&args.keys).await?;
         run(store, policy, &args).await
     } else if is_mysql(&args.keys) {
         let store = MySqlStore::connect(&args.keys).await?;
@@ -112,7 +112,7 @@ async fn run<S: Store + Clone>(
     if is_mysql(&args.database) {
         let pool = MySqlPool::connect(&args.database).await?;
         setup_mysql(&pool).await?;
-        let handler = idemkit_mysql::Inbox::new().handler(
+        let handler = idemkit::mysql::Inbox::new().handler(
             pool.clone(),
             "billing",
             invoice_of,
@@ -267,7 +267,7 @@ async fn setup(pool: &PgPool) -> Result<(), Box<dyn std::error::Error>> {
 /// MySQL's tables, as [`setup`]'s (`CREATE TABLE IF NOT EXISTS` takes a metadata lock there:
 /// workers starting together do not collide).
 async fn setup_mysql(pool: &MySqlPool) -> Result<(), Box<dyn std::error::Error>> {
-    idemkit_mysql::Inbox::new().migrate(pool).await?;
+    idemkit::mysql::Inbox::new().migrate(pool).await?;
     for ddl in [
         "CREATE TABLE IF NOT EXISTS paid_invoices (order_id VARCHAR(200) NOT NULL, \
          at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)) ENGINE = InnoDB",

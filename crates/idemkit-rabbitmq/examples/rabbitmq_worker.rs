@@ -19,13 +19,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use idemkit_core::{Coordinator, Key, Operation, Policy};
-use idemkit_rabbitmq::lapin::options::{BasicPublishOptions, QueueDeclareOptions};
-use idemkit_rabbitmq::lapin::types::FieldTable;
-use idemkit_rabbitmq::lapin::{BasicProperties, Connection, ConnectionProperties};
-use idemkit_rabbitmq::{Message, RabbitRunner};
-use idemkit_redis::RedisStore;
-use idemkit_runner::{Processor, Settlement};
+use idemkit::rabbitmq::lapin::options::{BasicPublishOptions, QueueDeclareOptions};
+use idemkit::rabbitmq::lapin::types::FieldTable;
+use idemkit::rabbitmq::lapin::{BasicProperties, Connection, ConnectionProperties};
+use idemkit::rabbitmq::{Message, RabbitRunner};
+use idemkit::redis::RedisStore;
+use idemkit::runner::{Processor, Settlement};
+use idemkit::{Coordinator, Key, Operation, Policy};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -14,8 +14,8 @@ use std::convert::Infallible;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use idemkit_core::{Coordinator, Key, Operation};
-use idemkit_redis::RedisStore;
+use idemkit::redis::RedisStore;
+use idemkit::{Coordinator, Key, Operation};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {

@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use apalis::prelude::*;
 use apalis_redis::RedisStorage;
-use idemkit_core::{Coordinator, Key, Operation};
-use idemkit_redis::RedisStore;
-use idemkit_tower::IdempotencyLayer;
+use idemkit::redis::RedisStore;
+use idemkit::tower::IdempotencyLayer;
+use idemkit::{Coordinator, Key, Operation};
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 struct Invoice {
