@@ -223,3 +223,46 @@ async fn tls_material_with_a_plain_url_is_refused_not_sent_in_plain_text() {
         .expect_err("a missing CA file");
     assert!(e.to_string().contains("/nonexistent/ca.pem"), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_over_tls_runs_every_phase() {
+    let Some(certs) = certs() else { return };
+    let (cluster, tls_ports) = idemkit_test::redis_server::Cluster::start_tls(&certs);
+    let store = RedisStore::builder()
+        .prefix(prefix())
+        .tls_ca_file(certs.ca())
+        .connect_cluster([format!("rediss://127.0.0.1:{}", tls_ports[0])])
+        .await
+        .expect("connect to the Cluster over TLS");
+    let c = Coordinator::new(store);
+    let mailer = Mailer::default();
+    // Keys on every primary: the client follows the slots to each node's TLS port.
+    for i in 0..48 {
+        let key = Key::new(format!("order-{i}.invoice")).unwrap();
+        for expected in [Source::Fresh, Source::Replayed] {
+            let out = c
+                .call(&op(), &key)
+                .run(|_| mailer.send(Duration::ZERO))
+                .await
+                .unwrap();
+            assert_eq!(out.source, expected);
+        }
+    }
+    assert_eq!(mailer.sent(), 48);
+    let held: Vec<u64> = cluster
+        .nodes
+        .iter()
+        .map(|n| idemkit_test::redis_server::dbsize(n.port))
+        .collect();
+    assert!(
+        held.iter().all(|&n| n > 0),
+        "every primary holds records: {held:?}"
+    );
+    // A plain client is refused by the TLS ports: what the store sent went over TLS.
+    assert!(
+        RedisStore::builder()
+            .connect_cluster([format!("redis://127.0.0.1:{}", tls_ports[0])])
+            .await
+            .is_err()
+    );
+}

@@ -169,23 +169,80 @@ impl Cluster {
     ///
     /// If `redis-server` or `redis-cli` is missing, or the Cluster does not form.
     pub fn start() -> Self {
+        Self::start_nodes(&server_binary(), |_| Vec::new(), None)
+    }
+
+    /// A Cluster over TLS, from Debian's `redis-server` (built with TLS): each node serves
+    /// `certs`' server certificate on a TLS port beside its plain one, and the nodes talk
+    /// TLS to each other (`--tls-cluster yes`), so a client on a TLS port is told the
+    /// nodes' TLS ports. Also returns each node's TLS port.
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](Self::start).
+    pub fn start_tls(certs: &crate::tls::TestCerts) -> (Self, Vec<u16>) {
+        // Their cluster bus is on the TLS port + 10000 (`free_port` keeps that one free too).
+        let tls_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let ca = certs.ca().to_string_lossy().into_owned();
+        let cluster = Self::start_nodes(
+            "redis-server",
+            |i| {
+                vec![
+                    "--tls-port".to_string(),
+                    tls_ports[i].to_string(),
+                    "--tls-cluster".to_string(),
+                    "yes".to_string(),
+                    "--tls-cert-file".to_string(),
+                    certs.server_cert().to_string_lossy().into_owned(),
+                    "--tls-key-file".to_string(),
+                    certs.server_key().to_string_lossy().into_owned(),
+                    "--tls-ca-cert-file".to_string(),
+                    certs.ca().to_string_lossy().into_owned(),
+                    "--tls-auth-clients".to_string(),
+                    "no".to_string(),
+                ]
+            },
+            // Created through the TLS ports: `CLUSTER MEET` derives each bus port from them.
+            Some((&tls_ports, &ca)),
+        );
+        (cluster, tls_ports)
+    }
+
+    fn start_nodes(
+        binary: &str,
+        extra: impl Fn(usize) -> Vec<String>,
+        tls: Option<(&[u16], &str)>,
+    ) -> Self {
         let nodes: Vec<_> = (0..3)
-            .map(|_| {
-                RedisProcess::start(&[
+            .map(|i| {
+                let mut args: Vec<String> = [
                     "--cluster-enabled",
                     "yes",
                     "--cluster-config-file",
                     "nodes.conf",
                     "--cluster-node-timeout",
                     "5000",
-                ])
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+                args.extend(extra(i));
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                RedisProcess::start_as(binary, &args)
             })
             .collect();
-        let addrs: Vec<String> = nodes
-            .iter()
-            .map(|n| format!("127.0.0.1:{}", n.port))
-            .collect();
-        let out = Command::new("redis-cli")
+        let addrs: Vec<String> = match tls {
+            None => nodes
+                .iter()
+                .map(|n| format!("127.0.0.1:{}", n.port))
+                .collect(),
+            Some((ports, _)) => ports.iter().map(|p| format!("127.0.0.1:{p}")).collect(),
+        };
+        let mut create = Command::new("redis-cli");
+        if let Some((_, ca)) = tls {
+            create.args(["--tls", "--cacert", ca]);
+        }
+        let out = create
             .args(["--cluster", "create"])
             .args(&addrs)
             .args(["--cluster-replicas", "0", "--cluster-yes"])

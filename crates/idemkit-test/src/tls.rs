@@ -50,7 +50,9 @@ impl TestCerts {
         certs.sign(
             "server",
             "127.0.0.1",
-            "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
+            // Client authentication too: a Redis Cluster's nodes present it to each other on
+            // their TLS bus.
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n",
         )?;
         certs.sign("client", "idemkit", "extendedKeyUsage=clientAuth\n")?;
         // Readable by a server that runs as another user (PostgreSQL's `postgres`); a server
