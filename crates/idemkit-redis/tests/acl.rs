@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use idemkit_core::{Coordinator, InFlight, Key, Operation, Source};
+use idemkit_core::{Coordinator, Key, Operation, Source};
 use idemkit_redis::RedisStore;
 use idemkit_test::Mailer;
 use support::{RedisProcess, cli};
@@ -95,39 +95,12 @@ async fn a_user_limited_to_the_stores_keys_runs_every_phase_unrefused() {
         .unwrap();
     // A waiter woken by the owner's completion (its channel is the user's too).
     let key = Key::new("order-w.invoice").unwrap();
-    let (release, released) = tokio::sync::oneshot::channel::<()>();
-    let (started_tx, started) = tokio::sync::oneshot::channel::<()>();
-    let owner = {
-        let (c, key, mailer) = (c.clone(), key.clone(), mailer.clone());
-        tokio::spawn(async move {
-            c.call(&op(), &key)
-                .run(|_| async move {
-                    started_tx.send(()).unwrap();
-                    released.await.unwrap();
-                    mailer.send(Duration::ZERO).await
-                })
-                .await
-                .unwrap()
-        })
-    };
-    started.await.unwrap();
-    let waiter = {
-        let (c, key, mailer) = (c.clone(), key.clone(), mailer.clone());
-        tokio::spawn(async move {
-            c.call(&op(), &key)
-                .in_flight(InFlight::Wait)
-                .run(|_| mailer.send(Duration::ZERO))
-                .await
-                .unwrap()
-        })
-    };
-    let pattern = format!("{prefix}:*");
-    while cli(server.port, &["pubsub", "channels", &pattern]).is_empty() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    release.send(()).unwrap();
-    assert_eq!(owner.await.unwrap().source, Source::Fresh);
-    assert_eq!(waiter.await.unwrap().source, Source::Replayed);
+    let (owner, waiter) = support::owner_and_waiter(&c, &key, &mailer, || {
+        support::subscribed(server.port, &prefix)
+    })
+    .await;
+    assert_eq!(owner.source, Source::Fresh);
+    assert_eq!(waiter.source, Source::Replayed);
 
     assert_eq!(mailer.sent(), 5 + 1 + 1, "one email per key");
     // The probe's answer is known and kept: Redis 7 has no `SET … IFEQ`.

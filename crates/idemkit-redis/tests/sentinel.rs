@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use idemkit_core::{Coordinator, InFlight, Key, Operation, Source};
+use idemkit_core::{Coordinator, Key, Operation, Source};
 use idemkit_redis::RedisStore;
 use idemkit_test::Mailer;
 use support::{RedisProcess, cli, free_port};
@@ -167,59 +167,29 @@ async fn a_store_behind_sentinel_follows_a_failover_and_keeps_its_promises() {
 
     // A call whose action runs through the failover, and a waiter on it.
     let during = Key::new("order-2.invoice").unwrap();
-    let (release, released) = tokio::sync::oneshot::channel::<()>();
-    let (started_tx, started) = tokio::sync::oneshot::channel::<()>();
-    let owner = {
-        let (c, key, mailer) = (c.clone(), during.clone(), mailer.clone());
-        tokio::spawn(async move {
-            c.call(&op(), &key)
-                .run(|_| async move {
-                    started_tx.send(()).unwrap();
-                    released.await.unwrap();
-                    mailer.send(Duration::ZERO).await
-                })
-                .await
-                .unwrap()
-        })
-    };
-    started.await.unwrap();
-    let waiter = {
-        let (c, key, mailer) = (c.clone(), during.clone(), mailer.clone());
-        tokio::spawn(async move {
-            c.call(&op(), &key)
-                .in_flight(InFlight::Wait)
-                .run(|_| mailer.send(Duration::ZERO))
-                .await
-                .unwrap()
-        })
-    };
-    let pattern = format!("{prefix}:*");
-    wait_until(Duration::from_secs(10), "the waiter subscribed", || {
-        !cli(master.port, &["pubsub", "channels", &pattern]).is_empty()
-    });
-
-    // The failover: the replica becomes the master, the old master its replica.
-    assert_eq!(
-        cli(sentinels[0].port, &["sentinel", "failover", "mymaster"]),
-        "OK"
-    );
-    for s in &sentinels {
+    let (done, waited) = support::owner_and_waiter(&c, &during, &mailer, || async {
+        support::subscribed(master.port, &prefix).await;
+        // The failover: the replica becomes the master, the old master its replica.
+        assert_eq!(
+            cli(sentinels[0].port, &["sentinel", "failover", "mymaster"]),
+            "OK"
+        );
+        for s in &sentinels {
+            wait_until(
+                Duration::from_secs(60),
+                "every sentinel names the new master",
+                || s.master_port() == Some(replica.port),
+            );
+        }
         wait_until(
             Duration::from_secs(60),
-            "every sentinel names the new master",
-            || s.master_port() == Some(replica.port),
+            "the old master follows the new one",
+            || cli(master.port, &["info", "replication"]).contains("master_link_status:up"),
         );
-    }
-    wait_until(
-        Duration::from_secs(60),
-        "the old master follows the new one",
-        || cli(master.port, &["info", "replication"]).contains("master_link_status:up"),
-    );
-
-    // The action ends now: its result goes to the new master, once, and the waiter gets it.
-    release.send(()).unwrap();
-    let done = owner.await.unwrap();
-    let waited = waiter.await.unwrap();
+        // The action ends now: its result goes to the new master, once, and the waiter
+        // gets it.
+    })
+    .await;
     assert_eq!(done.source, Source::Fresh);
     assert_eq!(waited.source, Source::Replayed);
     assert_eq!(done.value, waited.value);

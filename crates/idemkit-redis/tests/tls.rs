@@ -11,7 +11,7 @@ mod support;
 
 use std::time::Duration;
 
-use idemkit_core::{Coordinator, InFlight, Key, Operation, Source};
+use idemkit_core::{Coordinator, Key, Operation, Source};
 use idemkit_redis::RedisStore;
 use idemkit_test::Mailer;
 use idemkit_test::tls::TestCerts;
@@ -79,43 +79,15 @@ async fn every_phase_works_over_tls_with_the_servers_authority() {
     let key = Key::new("order-9.invoice").unwrap();
 
     // A waiter on a reservation held until after it started waiting: woken by the push,
-    // which travels over the TLS connection too, long before the lease would end.
-    let (release, released) = tokio::sync::oneshot::channel::<()>();
-    let (started_tx, started) = tokio::sync::oneshot::channel::<()>();
-    let owner = {
-        let (c, key, mailer) = (c.clone(), key.clone(), mailer.clone());
-        tokio::spawn(async move {
-            c.call(&op(), &key)
-                .run(|_| async move {
-                    started_tx.send(()).unwrap();
-                    released.await.unwrap();
-                    mailer.send(Duration::ZERO).await
-                })
-                .await
-                .unwrap()
-        })
-    };
-    started.await.unwrap();
-    let waiter = {
-        let (c, key, mailer) = (c.clone(), key.clone(), mailer.clone());
-        tokio::spawn(async move {
-            c.call(&op(), &key)
-                .in_flight(InFlight::Wait)
-                .run(|_| mailer.send(Duration::ZERO))
-                .await
-                .unwrap()
-        })
-    };
-    // The owner finishes once the waiter has subscribed to the key's wake-up channel (seen
-    // by the server, on its plain port): only the push over TLS can wake it in time.
-    let pattern = format!("{prefix}:*");
-    while support::cli(server.port, &["pubsub", "channels", &pattern]).is_empty() {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let waited = tokio::time::Instant::now();
-    release.send(()).unwrap();
-    let first = owner.await.unwrap();
-    let second = waiter.await.unwrap();
+    // which travels over the TLS connection too, long before the lease would end. The
+    // owner finishes once the waiter has subscribed to the key's wake-up channel (seen by
+    // the server, on its plain port): only the push over TLS can wake it in time.
+    let mut waited = tokio::time::Instant::now();
+    let (first, second) = support::owner_and_waiter(&c, &key, &mailer, || async {
+        support::subscribed(server.port, &prefix).await;
+        waited = tokio::time::Instant::now();
+    })
+    .await;
     assert_eq!(first.source, Source::Fresh);
     assert_eq!(second.source, Source::Replayed);
     assert_eq!(first.value, second.value);

@@ -81,3 +81,59 @@ pub async fn client_commands<F: std::future::Future<Output = ()>>(port: u16, f: 
     let _ = monitor.wait();
     seen
 }
+
+/// An owner whose action (one email) holds until `between` has run, and a waiter on its key
+/// that starts once the action has: `between` gets the waiter's time (see it subscribed,
+/// fail the server over...) before the owner finishes. The owner's and the waiter's
+/// receipts.
+pub async fn owner_and_waiter<F, Fut>(
+    c: &idemkit_core::Coordinator<RedisStore>,
+    key: &idemkit_core::Key,
+    mailer: &idemkit_test::Mailer,
+    between: F,
+) -> (idemkit_core::Receipt<String>, idemkit_core::Receipt<String>)
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    use std::time::Duration;
+    let op = idemkit_core::Operation::new("mail.invoice").unwrap();
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    let (started_tx, started) = tokio::sync::oneshot::channel::<()>();
+    let owner = {
+        let (c, op, key, mailer) = (c.clone(), op.clone(), key.clone(), mailer.clone());
+        tokio::spawn(async move {
+            c.call(&op, &key)
+                .run(|_| async move {
+                    started_tx.send(()).unwrap();
+                    released.await.unwrap();
+                    mailer.send(Duration::ZERO).await
+                })
+                .await
+                .unwrap()
+        })
+    };
+    started.await.unwrap();
+    let waiter = {
+        let (c, key, mailer) = (c.clone(), key.clone(), mailer.clone());
+        tokio::spawn(async move {
+            c.call(&op, &key)
+                .in_flight(idemkit_core::InFlight::Wait)
+                .run(|_| mailer.send(Duration::ZERO))
+                .await
+                .unwrap()
+        })
+    };
+    between().await;
+    release.send(()).unwrap();
+    (owner.await.unwrap(), waiter.await.unwrap())
+}
+
+/// Returns once the server on `port` has a subscriber on a channel under `prefix` (a
+/// waiter's wake-up channel).
+pub async fn subscribed(port: u16, prefix: &str) {
+    let pattern = format!("{prefix}:*");
+    while cli(port, &["pubsub", "channels", &pattern]).is_empty() {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
