@@ -78,6 +78,7 @@ mod plain;
 mod replays;
 mod scan;
 mod scripts;
+mod secure;
 mod sentinel;
 mod wake;
 
