@@ -253,22 +253,32 @@ pub async fn a_reused_key_is_refused_in_flight_and_after<H: Harness>(h: &H) {
     let (op, key) = (operation(), fresh_key("reused"));
     let (a, b) = (Fingerprint::of(b"amount=1"), Fingerprint::of(b"amount=2"));
     let mailer = Mailer::default();
+    // The owner's action holds until the in-flight check is done: an event, not a race of
+    // a 50 ms sleep against the owner's `begin` (which a busy machine lost: the second
+    // caller reserved first and ran).
+    let (started_tx, started) = tokio::sync::oneshot::channel::<()>();
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
     let owner = {
         let (c, key, mailer) = (c.clone(), key.clone(), mailer.clone());
         tokio::spawn(async move {
             c.call_owned(operation(), key)
                 .fingerprint(a)
-                .run(move |_| async move { mailer.send(Duration::from_millis(300)).await })
+                .run(move |_| async move {
+                    let _ = started_tx.send(());
+                    let _ = released.await;
+                    mailer.send(Duration::ZERO).await
+                })
                 .await
         })
     };
-    h.advance(Duration::from_millis(50)).await;
+    started.await.expect("the owner's action started");
     let in_flight = c
         .call(&op, &key)
         .fingerprint(b)
         .run(|_| mailer.send(Duration::ZERO))
         .await;
     assert_eq!(in_flight.unwrap_err().kind(), ErrorKind::KeyReused);
+    let _ = release.send(());
     owner.await.expect("task").expect("owner");
     let after = c
         .call(&op, &key)
@@ -409,21 +419,30 @@ pub async fn a_cancelled_waiter_changes_nothing<H: Harness>(h: &H) {
         .build();
     let (op, key) = (operation(), fresh_key("cancelled-waiter"));
     let mailer = Mailer::default();
+    // The owner holds its action until the waiter was cancelled: events, not a 50 ms sleep
+    // racing the owner's `begin`.
+    let (started_tx, started) = tokio::sync::oneshot::channel::<()>();
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
     let owner = {
         let (c, key, mailer) = (c.clone(), key.clone(), mailer.clone());
         tokio::spawn(async move {
             c.call_owned(operation(), key)
-                .run(move |_| async move { mailer.send(Duration::from_millis(300)).await })
+                .run(move |_| async move {
+                    let _ = started_tx.send(());
+                    let _ = released.await;
+                    mailer.send(Duration::ZERO).await
+                })
                 .await
         })
     };
-    h.advance(Duration::from_millis(50)).await;
+    started.await.expect("the owner's action started");
     let waited = tokio::time::timeout(
         Duration::from_millis(50),
         c.call(&op, &key).run(|_| mailer.send(Duration::ZERO)),
     )
     .await;
     assert!(waited.is_err(), "the waiter should have been cancelled");
+    let _ = release.send(());
     assert_eq!(owner.await.expect("task").expect("owner").value, "em_1");
     let next = c
         .call(&op, &key)
