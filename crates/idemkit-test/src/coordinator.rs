@@ -733,6 +733,90 @@ pub async fn a_prepared_claim_under_a_longer_call_lease_is_confirmed_first<H: Ha
     assert!(r.stored, "the owner's result is stored");
 }
 
+/// Review M6 (of `e047556`), on every store: a prepared claim handed to a call whose lease is
+/// *shorter* than the batch's. The call's first renewal sets the store's end to the call's
+/// lease (every store's renew sets the end, it does not extend it), so from then on the store
+/// holds no more than that: the owner must count on no more either (core invariant 2). Here
+/// every renewal after the first fails; once a duplicate has taken the key over, the owner's
+/// `is_lease_lost()` must say so.
+///
+/// Before: the owner counted on the batch's 6 s lease from the claim's send, so its action saw
+/// its lease as held for seconds after another caller had reserved the key and run.
+pub async fn a_prepared_claim_under_a_shorter_call_lease_counts_on_the_call_lease<H: Harness>(
+    h: &H,
+) {
+    let store = Probe::new(h.store().await);
+    let batch_lease = Duration::from_secs(6);
+    let call_lease = Duration::from_millis(600);
+    let c = Coordinator::builder(store.clone())
+        .policy(Policy::default().lease(batch_lease))
+        .build();
+    let (op, key) = (operation(), fresh_key("batch-shorter-call-lease"));
+    let p = c
+        .prepare(&op, std::slice::from_ref(&key))
+        .await
+        .pop()
+        .expect("one");
+    assert!(p.is_reserved());
+    h.advance(Duration::from_millis(50)).await;
+    let started = Arc::new(Notify::new());
+    let check = Arc::new(Notify::new());
+    let owner = {
+        let (started, check) = (started.clone(), check.clone());
+        tokio::spawn(
+            c.call_owned(op.clone(), key.clone())
+                .policy(Policy::default().lease(call_lease))
+                .prepared(p)
+                .run(move |attempt| async move {
+                    started.notify_one();
+                    check.notified().await;
+                    Ok::<_, Infallible>(attempt.is_lease_lost())
+                }),
+        )
+    };
+    wait_started(&started, "the batch's owner").await;
+    // The first renewal (a third of the call's lease after the claim's send) goes through and
+    // sets the store's end to the call's lease from then; every later one fails.
+    let mut waited = Duration::ZERO;
+    while store.counts().renew == 0 {
+        assert!(waited < Duration::from_secs(5), "the owner never renewed");
+        h.advance(Duration::from_millis(10)).await;
+        waited += Duration::from_millis(10);
+    }
+    store.fail(Fault::Renew, true);
+    // A duplicate reserves once the store has let the key go (well before the batch's lease
+    // would end).
+    let mut waited = Duration::ZERO;
+    loop {
+        let dup = c
+            .call(&op, &key)
+            .in_flight(InFlight::Reject)
+            .run(|_| async { Ok::<_, Infallible>(false) })
+            .await;
+        match dup {
+            Ok(r) => {
+                assert_eq!(r.source, Source::Fresh, "{r:?}");
+                break;
+            }
+            Err(Error::InFlight { .. }) => {}
+            Err(e) => panic!("the duplicate: {e:?}"),
+        }
+        assert!(
+            waited < Duration::from_secs(3),
+            "the store kept the key past the call's lease"
+        );
+        h.advance(Duration::from_millis(100)).await;
+        waited += Duration::from_millis(100);
+    }
+    check.notify_one();
+    let r = owner.await.expect("task").expect("the prepared call");
+    assert!(
+        r.value,
+        "the owner counted on its lease after another caller had taken the key over"
+    );
+    store.fail(Fault::Renew, false);
+}
+
 /// Review M2, on every store: a store that answers renewals but whose completions fail every
 /// time, or never answer (while it declares a call bound of its own, so that the
 /// coordinator had set no timer): the caller gets its value with `stored == false` once the

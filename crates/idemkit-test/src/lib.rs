@@ -215,6 +215,7 @@ macro_rules! __with_coordinator_checks {
             a_prepared_batch_runs_each_effect_once,
             a_stale_prepared_claim_runs_on_a_renewed_lease,
             a_prepared_claim_under_a_longer_call_lease_is_confirmed_first,
+            a_prepared_claim_under_a_shorter_call_lease_counts_on_the_call_lease,
             a_completion_that_never_lands_answers_within_its_bound
         }
     };

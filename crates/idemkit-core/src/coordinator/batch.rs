@@ -48,8 +48,9 @@ impl<S: Store> fmt::Debug for Prepared<S> {
 }
 
 /// A prepared claim as a call uses it: the claim, when its `begin` was sent, and the lease
-/// it reserved with (the store holds the reservation that long from no earlier than the
-/// send; the call's own lease is no longer, see [`Prepared::take_for`]). Boxed: it lives in
+/// the call counts on from then (the call's own, no longer than the batch's: the store holds
+/// the reservation at least that long from no earlier than the send, see
+/// [`Prepared::take_for`]). Boxed: it lives in
 /// the call's future, which every call moves; unbatched calls pay one pointer.
 pub(super) type FirstClaim = Option<Box<(Result<Claim, StoreError>, Instant, Duration)>>;
 
@@ -74,6 +75,10 @@ impl<S: Store> Prepared<S> {
     /// least that lease; otherwise (review M1: a call with a longer lease than its batch's
     /// would count on a reservation the store already let go) a `begin` with the same owner
     /// token confirms it first, which renews it to the call's lease (row 24).
+    ///
+    /// A trusted claim is counted with the *call's* lease, the shorter of the two: the call's
+    /// first renewal sets the store's end to the call's lease from then, so counting on the
+    /// batch's would overstate what the store holds (review M6 of `e047556`, invariant 2).
     pub(super) fn take_for(mut self, key: &StorageKey, call_lease: Duration) -> Option<Taken> {
         if &self.key != key {
             return None; // dropped: released
@@ -85,7 +90,7 @@ impl<S: Store> Prepared<S> {
         Some(Taken {
             owner: self.owner,
             claim: match (&claim, fresh) {
-                (_, true) => Some(Box::new((claim, self.sent_at, self.lease))),
+                (_, true) => Some(Box::new((claim, self.sent_at, call_lease))),
                 // Stale: a begin with the same owner token confirms (or replaces) it.
                 (Ok(Claim::Reserved { .. }), false) => None,
                 // Stale news of someone else's record: ask again.
