@@ -375,7 +375,7 @@ async fn count_statements(
     const CALLS: usize = 20;
     for case in [SELECT, INSERT, HIT, MISS, MISS_ALONE, PEER] {
         // Prepare first: a statement's first use on a connection is parsed separately; and
-        // the store's first statement follows what recent calls met (`Guesser` in idemkit_core::__sql, used by
+        // the store's first statement follows what recent calls met (`Guesser` in idemkit_sql::guess, used by
         // idemkit-postgres): 16 calls of the case settle it, as in the timed runs.
         let c = if case == MISS_ALONE { &alone } else { &c };
         for i in 0..16 {

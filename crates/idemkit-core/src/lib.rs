@@ -45,18 +45,15 @@
 //!   `prepared`): one call builder, one [`run`](Call::run).
 //! - [`scan`] holds the operators' listing and fenced removal, which a store may offer.
 //! - [`downstream`] derives a receiver's idempotency key from the effect.
-//! - [`inbox`] holds what the SQL stores' transactional inboxes share.
 //! - [`observe`] names the metrics.
 //! - [`clock`] is the one place that reads time.
 //!
 //! A store author reads [`store`], [`record`] and [`ident`] (and [`scan`] for the operators'
 //! tools), then runs `idemkit-test`'s conformance suites; the coordinator is the store's
-//! only caller. The consumers' runner skeleton is the crate `idemkit-runner`.
+//! only caller. The consumers' runner skeleton is the crate `idemkit-runner`; what the SQL
+//! stores share (the transactional call, the inbox) is the crate `idemkit-sql`.
 #![forbid(unsafe_code)]
 
-#[doc(hidden)]
-#[path = "sql.rs"]
-pub mod __sql;
 #[doc(hidden)]
 #[path = "sync.rs"]
 pub mod __sync;
@@ -69,7 +66,6 @@ mod error;
 pub mod fault;
 mod fingerprint;
 pub mod ident;
-pub mod inbox;
 pub mod memory;
 pub mod observe;
 mod phase;

@@ -1,5 +1,5 @@
 //! The seed's consumer as one runner handler on MySQL: [`Inbox::handler`] makes the runner
-//! crate's [`idemkit_runner::InboxHandler`] on this crate's inbox (the same order of effects
+//! crate's [`idemkit_sql::InboxHandler`] on this crate's inbox (the same order of effects
 //! as PostgreSQL's), for a [`Processor`] under the effect's key, on the Kafka, JetStream or
 //! RabbitMQ runner.
 //!
@@ -7,18 +7,18 @@
 
 use std::future::Future;
 
-use idemkit_core::inbox::{InboxError, Seen, TxFuture};
 use idemkit_core::{Attempt, Key, KeyError};
-use idemkit_runner::InboxTx;
+use idemkit_sql::InboxTx;
+use idemkit_sql::{InboxError, Seen, TxFuture};
 use sqlx::{MySql, MySqlConnection, MySqlPool, Transaction};
 
 use crate::inbox::Inbox;
 
 /// A runner handler in the seed's order of effects (see [`Inbox::handler`]).
-pub type InboxHandler<C, D, X> = idemkit_runner::InboxHandler<PooledInbox, C, D, X>;
+pub type InboxHandler<C, D, X> = idemkit_sql::InboxHandler<PooledInbox, C, D, X>;
 
 /// Why an [`InboxHandler`] did not finish.
-pub use idemkit_runner::HandlerError;
+pub use idemkit_sql::HandlerError;
 
 /// The inbox and the pool its handler's transactions run on: what [`InboxHandler`] claims
 /// and commits through.

@@ -4,8 +4,8 @@
 use std::future::Future;
 use std::time::Duration;
 
-use idemkit_core::inbox::{DeliverError, Delivered, InboxError, Seen, TxFuture};
 use idemkit_core::{Attempt, Call, Codec, Key, Operation, Store, StoreError};
+use idemkit_sql::{DeliverError, Delivered, InboxError, Seen, TxFuture};
 use sqlx::{MySqlConnection, MySqlPool};
 
 use crate::row::map_err;
@@ -43,7 +43,7 @@ use crate::store::{NameError, check_name};
 ///
 /// ```no_run
 /// use idemkit_mysql::Inbox;
-/// use idemkit_core::inbox::Seen;
+/// use idemkit_sql::Seen;
 ///
 /// # async fn f(pool: sqlx::MySqlPool) -> Result<(), Box<dyn std::error::Error>> {
 /// let inbox = Inbox::new();

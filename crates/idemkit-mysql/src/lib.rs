@@ -30,7 +30,7 @@ mod store;
 mod tx;
 
 pub use consume::{HandlerError, InboxHandler, PooledInbox};
-pub use idemkit_core::inbox::{DeliverError, Delivered, InboxError, Seen, TxFuture};
+pub use idemkit_sql::{DeliverError, Delivered, InboxError, Seen, TxFuture};
 pub use inbox::Inbox;
 pub use store::{MySqlStore, MySqlStoreBuilder, NameError};
 pub use tx::{InTransaction, TxCall};

@@ -1,7 +1,7 @@
 //! Rows and errors, mapped to what the coordinator must do about them.
 
-use idemkit_core::__sql::{Columns, with_holder};
 use idemkit_core::{Record, StorageKey, StoreError, StoreErrorKind};
+use idemkit_sql::row::{Columns, with_holder};
 use sqlx::Row as _;
 use sqlx::mysql::MySqlRow;
 

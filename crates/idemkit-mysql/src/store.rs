@@ -13,7 +13,8 @@ use sqlx::{Executor as _, Row as _};
 
 use crate::row::{columns, map_err, read_record};
 use crate::sql::Statements;
-use idemkit_core::__sql::{Columns, Guess, Guesser};
+use idemkit_sql::guess::{Guess, Guesser};
+use idemkit_sql::row::Columns;
 
 /// The store on a MySQL 8 or MariaDB 10.11 table (InnoDB): one `INSERT ... ON DUPLICATE KEY
 /// UPDATE` reserves, one owner-checked `UPDATE` completes, fencing tokens from the server's

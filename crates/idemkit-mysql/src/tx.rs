@@ -1,41 +1,15 @@
 //! The transactional call on MySQL and MariaDB: reserve through the store, run the action in
 //! the caller's transaction, and complete in that same transaction, so that the database
-//! effect and its idempotency record commit or roll back together.
+//! effect and its idempotency record commit or roll back together. The call itself is
+//! `idemkit-sql`'s, shared with PostgreSQL; this is MySQL's side of it.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, PoisonError};
-
-use idemkit_core::__sql::{Slot, act, put, take};
-use idemkit_core::inbox::TxFuture;
-use idemkit_core::options::{OnActionError, ReleaseErrors};
-use idemkit_core::{
-    Attempt, Call, Codec, CompleteRequest, Completer, Error, JsonCodec, Ownership, Receipt,
-    StorageKey, StoreError,
-};
-use sqlx::{Executor as _, MySql, MySqlConnection, Transaction};
+use idemkit_core::options::ReleaseErrors;
+use idemkit_core::{CompleteRequest, JsonCodec, Ownership, StorageKey, StoreError};
+pub use idemkit_sql::InTransaction;
+use idemkit_sql::{Transactional, Unfit};
+use sqlx::{Executor as _, MySqlConnection};
 
 use crate::MySqlStore;
-
-/// The transactional option of a [`Call`] on a [`MySqlStore`]: `in_transaction` makes it a
-/// [`TxCall`], whose action gets your transaction's connection. Set the call's other options
-/// ([`store_errors`](Call::store_errors) included) first.
-///
-/// # Example
-///
-/// See [`TxCall`].
-pub trait InTransaction<'a, C, P>: Sized {
-    /// The call, to run inside `tx`.
-    fn in_transaction<'c, 'x>(self, tx: &'c mut Transaction<'x, MySql>) -> TxCall<'a, 'c, C, P>;
-}
-
-impl<'a, C, P> InTransaction<'a, C, P> for Call<'a, MySqlStore, C, P> {
-    fn in_transaction<'c, 'x>(self, tx: &'c mut Transaction<'x, MySql>) -> TxCall<'a, 'c, C, P> {
-        TxCall {
-            call: self,
-            conn: tx,
-        }
-    }
-}
 
 /// A call whose action runs in your transaction and whose result is stored in it: the
 /// database effect and the idempotency record commit together or not at all. Crash before
@@ -48,7 +22,7 @@ impl<'a, C, P> InTransaction<'a, C, P> for Call<'a, MySqlStore, C, P> {
 ///    usual lease (renewed while the action runs). A concurrent duplicate sees it in
 ///    flight: with [`InFlight::Wait`](idemkit_core::InFlight) it re-reads the row (MySQL
 ///    has no notifications) and replays the committed result once your transaction commits;
-///    with `Reject` it gets [`Error::InFlight`].
+///    with `Reject` it gets [`Error::InFlight`](idemkit_core::Error::InFlight).
 /// 2. The action runs on your transaction's connection.
 /// 3. The result is written in your transaction by one owner-checked `UPDATE`. Until your
 ///    commit nobody else sees it: a waiter still reads the reservation, and a duplicate's
@@ -66,16 +40,19 @@ impl<'a, C, P> InTransaction<'a, C, P> for Call<'a, MySqlStore, C, P> {
 /// **Locks on the records table.** The reservation is made outside your transaction, so it
 /// waits on any lock your transaction holds on the records table: a read of it under
 /// SERIALIZABLE (shared next-key locks), a `SELECT ... FOR UPDATE` or `LOCK IN SHARE MODE`
-/// on it. Such a call fails with an `Unavailable` [`Error::Store`] in the begin phase once
+/// on it. Such a call fails with an `Unavailable` [`Error::Store`](idemkit_core::Error::Store) in the begin phase once
 /// the coordinator's [`store_timeout`](idemkit_core::Policy::store_timeout) passes, and its
 /// action does not run. Do not read the records table in the transaction.
 ///
 /// **When the call fails after the action ran** (the action's own error, or a completion
-/// refused because the lease was lost, or a database failure), the action's writes are
-/// rolled back and the transaction is left **read-only**: MySQL cannot make a transaction
-/// fail its `COMMIT`, so the call sends `ROLLBACK` and `START TRANSACTION READ ONLY` on your
-/// connection. Every later write in it fails (error 1792), and a `COMMIT` commits nothing:
-/// an effect can never commit without its record. A replay, a rejection, a key reused for
+/// refused because the lease was lost, a database failure or a completion that timed out),
+/// your **whole transaction** is rolled back (what you wrote before the call too) and left
+/// **read-only** before `run` returns: MySQL cannot make a transaction fail its `COMMIT`, so
+/// the call sends `ROLLBACK` and `START TRANSACTION READ ONLY` on your connection. Every
+/// later write in it fails (error 1792), and a `COMMIT` commits nothing: an effect can never
+/// commit without its record. A `run` future dropped before it returns (a `timeout` around
+/// it) cannot do that: roll the transaction back (drop it uncommitted). Do not make the call
+/// in a nested transaction (a savepoint): the `ROLLBACK` ends the outer one. A replay, a rejection, a key reused for
 /// another request or a store failure before the action leave the transaction untouched.
 ///
 /// It exists on a `Coordinator<MySqlStore>` only: the store's table must be in the database
@@ -103,89 +80,30 @@ impl<'a, C, P> InTransaction<'a, C, P> for Call<'a, MySqlStore, C, P> {
 /// println!("ledger row {} ({:?})", receipt.value, receipt.source);
 /// # Ok(()) }
 /// ```
-#[must_use = "a call does nothing until `run` is awaited"]
-pub struct TxCall<'a, 'c, C = JsonCodec, P = ReleaseErrors> {
-    call: Call<'a, MySqlStore, C, P>,
-    conn: &'c mut MySqlConnection,
-}
+pub type TxCall<'a, 'c, C = JsonCodec, P = ReleaseErrors> =
+    idemkit_sql::TxCall<'a, 'c, MySqlStore, C, P>;
 
-impl<C: std::fmt::Debug, P> std::fmt::Debug for TxCall<'_, '_, C, P> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TxCall")
-            .field("call", &self.call)
-            .finish_non_exhaustive()
+impl Transactional for MySqlStore {
+    type Conn = MySqlConnection;
+
+    /// Any isolation level works (see [`TxCall`]): nothing to check.
+    async fn check<'c>(&'c self, _conn: &'c mut MySqlConnection) -> Result<(), Unfit> {
+        Ok(())
     }
-}
 
-/// The completer that writes in the caller's transaction.
-struct InTx<'s, 'c> {
-    store: MySqlStore,
-    slot: &'s Slot<'c, MySqlConnection>,
-}
-
-impl Completer for InTx<'_, '_> {
-    async fn complete(
-        &mut self,
-        key: &StorageKey,
-        ownership: &Ownership,
-        request: &CompleteRequest,
+    async fn complete_on<'c>(
+        &'c self,
+        conn: &'c mut MySqlConnection,
+        key: &'c StorageKey,
+        ownership: &'c Ownership,
+        request: &'c CompleteRequest,
     ) -> Result<(), StoreError> {
-        let conn = take(self.slot);
-        let done = self.store.complete_on(conn, key, ownership, request).await;
-        put(self.slot, conn);
-        done
+        MySqlStore::complete_on(self, conn, key, ownership, request).await
     }
-}
 
-/// After the call: if the action ran and its effect must not commit (the call failed after
-/// it), roll its writes back and leave the transaction read-only.
-async fn settle<T, E>(
-    slot: Slot<'_, MySqlConnection>,
-    ran: &AtomicBool,
-    result: Result<Receipt<T>, Error<E>>,
-) -> Result<Receipt<T>, Error<E>> {
-    let keep = matches!(result, Ok(_) | Err(Error::ActionStored(_)));
-    if ran.load(Ordering::SeqCst)
-        && !keep
-        && let Some(conn) = slot.into_inner().unwrap_or_else(PoisonError::into_inner)
-    {
-        // Errors are ignored: a connection that cannot run these is lost, and its
-        // transaction with it.
+    /// Rolls the action's writes back and leaves the transaction read-only.
+    async fn spoil(conn: &mut MySqlConnection) {
         let _ = conn.execute("ROLLBACK").await;
         let _ = conn.execute("START TRANSACTION READ ONLY").await;
-    }
-    result
-}
-
-impl<C, P> TxCall<'_, '_, C, P> {
-    /// Runs the action in the transaction at most once for this key (across every
-    /// transaction that commits), and stores its value in the same transaction; or replays
-    /// the committed value. With [`store_errors`](Call::store_errors) set on the call, the
-    /// permanent errors are stored in the transaction too.
-    ///
-    /// # Errors
-    ///
-    /// As [`Call::run`]; [`Error::Store`] with phase `Complete` when the result could not be
-    /// written in the transaction (then the transaction is rolled back and read-only).
-    ///
-    /// # Example
-    ///
-    /// See [`TxCall`].
-    pub async fn run<T, E, F>(self, action: F) -> Result<Receipt<T>, Error<E>>
-    where
-        C: Codec<T>,
-        P: OnActionError<C, E>,
-        F: for<'t> FnOnce(&'t mut MySqlConnection, Attempt) -> TxFuture<'t, Result<T, E>>,
-    {
-        let store = self.call.store().clone();
-        let slot = Mutex::new(Some(self.conn));
-        let ran = AtomicBool::new(false);
-        let completer = InTx { store, slot: &slot };
-        let result = self
-            .call
-            .completer(completer)
-            .run(|attempt| act(&slot, &ran, action, attempt))
-            .await;
-        settle(slot, &ran, result).await
     }
 }

@@ -136,7 +136,7 @@ async fn a_bad_consumer_name_is_refused_before_anything_runs() {
     );
     assert!(matches!(
         refused,
-        Err(idemkit_core::inbox::InboxError::InvalidId(_))
+        Err(idemkit_sql::InboxError::InvalidId(_))
     ));
     // The error type a handler reports is the runner's, under this crate's path.
     let e: HandlerError<sqlx::Error> = HandlerError::Database(sqlx::Error::PoolClosed);

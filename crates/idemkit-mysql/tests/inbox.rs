@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idemkit_core::inbox::{DeliverError, InboxError, Seen};
 use idemkit_core::{Coordinator, Disposition, Key, Operation, Source};
 use idemkit_mysql::Inbox;
+use idemkit_sql::{DeliverError, InboxError, Seen};
 
 async fn inbox() -> Option<(sqlx::MySqlPool, Inbox)> {
     let pool = support::pool().await?;

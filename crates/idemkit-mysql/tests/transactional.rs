@@ -399,3 +399,81 @@ async fn the_transactional_call_future_is_send() {
     };
     is_send(&f);
 }
+
+/// Review M4 (of `e047556`): the completion in the transaction waits on a row lock past
+/// `store_timeout`, so the coordinator drops it mid-statement. The call fails in the
+/// Complete phase, and the transaction must still be rolled back and read-only: a later write
+/// fails (error 1792) and a `COMMIT` commits nothing.
+///
+/// Before: the dropped completion took the connection with it, the call could not roll the
+/// transaction back, the later write succeeded and the commit committed the action's ledger
+/// row without its record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_that_times_out_still_rolls_back_and_spoils_the_transaction() {
+    let Some((store, _)) = setup().await else {
+        return;
+    };
+    let c = Coordinator::builder(store.clone())
+        .policy(Policy::default().store_timeout(Duration::from_millis(200)))
+        .build();
+    let order = support::order("complete-timeout");
+    let key = Key::new(&order).unwrap();
+    let storage = StorageKey::new(&op(), None, &key);
+    let mut tx = store.pool().begin().await.unwrap();
+    let (o, pool, k) = (
+        order.clone(),
+        store.pool().clone(),
+        storage.as_str().to_owned(),
+    );
+    let (go_tx, go) = tokio::sync::oneshot::channel::<()>();
+    let (locked_tx, locked) = tokio::sync::oneshot::channel();
+    let blocker = tokio::spawn(async move {
+        // Another session locks the key's row (once it is reserved: the action asks) from
+        // just before the action returns until the completion has long given up (its
+        // `store_timeout` is 200 ms).
+        go.await.unwrap();
+        let mut other = pool.begin().await.unwrap();
+        sqlx::query("SELECT 1 FROM idemkit_test_records WHERE `key` = ? FOR UPDATE")
+            .bind(k.as_bytes())
+            .fetch_optional(&mut *other)
+            .await
+            .unwrap();
+        locked_tx.send(()).unwrap();
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        other.commit().await.unwrap();
+    });
+    let r = c
+        .call(&op(), &key)
+        .in_transaction(&mut tx)
+        .run(|conn, _| {
+            Box::pin(async move {
+                let id = support::credit(conn, &o).await?;
+                go_tx.send(()).unwrap();
+                locked.await.unwrap();
+                Ok::<i64, sqlx::Error>(id)
+            })
+        })
+        .await;
+    assert!(
+        matches!(
+            &r,
+            Err(Error::Store {
+                phase: Phase::Complete,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    let later = support::credit(&mut tx, &order).await;
+    assert!(
+        later.is_err(),
+        "a write after the failed completion went into the transaction: {later:?}"
+    );
+    tx.commit().await.unwrap();
+    blocker.await.unwrap();
+    assert_eq!(
+        support::ledger_rows(store.pool(), &order).await,
+        0,
+        "the action's effect committed without its record"
+    );
+}

@@ -7,9 +7,9 @@
 
 use std::future::Future;
 
-use idemkit_core::inbox::{InboxError, Seen};
 use idemkit_core::{Attempt, Key, KeyError};
-use idemkit_runner::InboxTx;
+use idemkit_sql::InboxTx;
+use idemkit_sql::{InboxError, Seen};
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
 use crate::errors::map_err;
@@ -18,10 +18,10 @@ use crate::tx::TxFuture;
 
 /// A runner handler in the seed's order of effects (see [`Inbox::handler`]): the runner
 /// crate's one handler, on this crate's inbox.
-pub type InboxHandler<C, D, X> = idemkit_runner::InboxHandler<PooledInbox, C, D, X>;
+pub type InboxHandler<C, D, X> = idemkit_sql::InboxHandler<PooledInbox, C, D, X>;
 
 /// Why an [`InboxHandler`] did not finish (the runner crate's, under its old path).
-pub use idemkit_runner::HandlerError;
+pub use idemkit_sql::HandlerError;
 
 /// The inbox and the pool its handler's transactions run on: what [`InboxHandler`] claims
 /// and commits through.

@@ -1,7 +1,7 @@
 //! PostgreSQL errors and rows, mapped to what the coordinator must do about them.
 
-use idemkit_core::__sql::{Columns, with_holder};
 use idemkit_core::{Record, StorageKey, StoreError, StoreErrorKind};
+use idemkit_sql::row::{Columns, with_holder};
 
 use crate::names::Table;
 

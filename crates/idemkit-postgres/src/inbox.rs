@@ -3,8 +3,8 @@
 use std::future::Future;
 use std::time::Duration;
 
-use idemkit_core::inbox::{DeliverError, Delivered, InboxError, Seen, TxFuture};
 use idemkit_core::{Attempt, Call, Codec, Key, Operation, Store, StoreError};
+use idemkit_sql::{DeliverError, Delivered, InboxError, Seen, TxFuture};
 use sqlx::{PgConnection, PgPool};
 
 use crate::errors::map_err;

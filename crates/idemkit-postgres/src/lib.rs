@@ -36,7 +36,7 @@ mod wake;
 pub use builder::PgStoreBuilder;
 pub use consume::{HandlerError, InboxHandler, PooledInbox};
 pub use fence::Fences;
-pub use idemkit_core::inbox::{DeliverError, Delivered, InboxError, Seen};
+pub use idemkit_sql::{DeliverError, Delivered, InboxError, Seen};
 pub use inbox::Inbox;
 pub use names::{MAX_NAME_LEN, NameError};
 pub use store::{PgStore, Purger};

@@ -10,7 +10,7 @@ use idemkit_core::{
 };
 use sqlx::{PgConnection, PgPool, Row as _};
 
-use idemkit_core::__sql::Columns;
+use idemkit_sql::row::Columns;
 
 use crate::batch::{BeginJob, CompleteJob, Kind, Lanes, Slot};
 use crate::builder::PgStoreBuilder;
@@ -19,7 +19,7 @@ use crate::errors::{map_err, read_record};
 use crate::names::Table;
 use crate::sql::Statements;
 use crate::wake::{Listener, Waiters};
-use idemkit_core::__sql::{Guess, Guesser};
+use idemkit_sql::guess::{Guess, Guesser};
 
 /// The migration call the "table is missing" error names.
 const MIGRATE: &str = "PgStore::migrate()";

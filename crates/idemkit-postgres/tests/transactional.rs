@@ -502,3 +502,81 @@ async fn a_permanent_error_is_stored_in_the_transaction_and_goes_with_it() {
     assert_eq!(runs.load(Ordering::SeqCst), 2);
     assert_eq!(support::ledger_rows(store.pool(), &order).await, 1);
 }
+
+/// Review M4 (of `e047556`): the completion in the transaction waits on a row lock past
+/// `store_timeout`, so the coordinator drops it mid-statement. The call fails in the
+/// Complete phase, and the transaction must still be poisoned: a later statement fails and a
+/// `COMMIT` rolls back.
+///
+/// Before: the dropped completion took the connection with it, the call could not poison
+/// the transaction, the later write succeeded and the commit committed the action's ledger
+/// row without its record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_that_times_out_still_poisons_the_transaction() {
+    let Some((store, _)) = setup().await else {
+        return;
+    };
+    let c = Coordinator::builder(store.clone())
+        .policy(Policy::default().store_timeout(Duration::from_millis(200)))
+        .build();
+    let order = support::order("complete-timeout");
+    let key = Key::new(&order).unwrap();
+    let storage = idemkit_core::StorageKey::new(&op(), None, &key);
+    let mut tx = store.pool().begin().await.unwrap();
+    let (o, pool, k) = (
+        order.clone(),
+        store.pool().clone(),
+        storage.as_str().to_owned(),
+    );
+    let (go_tx, go) = tokio::sync::oneshot::channel::<()>();
+    let (locked_tx, locked) = tokio::sync::oneshot::channel();
+    let blocker = tokio::spawn(async move {
+        // Another session locks the key's row (once it is reserved: the action asks) from
+        // just before the action returns until the completion has long given up (its
+        // `store_timeout` is 200 ms).
+        go.await.unwrap();
+        let mut other = pool.begin().await.unwrap();
+        sqlx::query("SELECT 1 FROM idemkit_test.records WHERE key = $1 FOR UPDATE")
+            .bind(&k)
+            .fetch_optional(&mut *other)
+            .await
+            .unwrap();
+        locked_tx.send(()).unwrap();
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        other.commit().await.unwrap();
+    });
+    let r = c
+        .call(&op(), &key)
+        .in_transaction(&mut tx)
+        .run(|conn, _| {
+            Box::pin(async move {
+                let id = credit(conn, &o).await?;
+                go_tx.send(()).unwrap();
+                locked.await.unwrap();
+                Ok::<i64, sqlx::Error>(id)
+            })
+        })
+        .await;
+    assert!(
+        matches!(
+            &r,
+            Err(Error::Store {
+                phase: Phase::Complete,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    let later = credit(&mut tx, &order).await;
+    assert!(
+        later.is_err(),
+        "a write after the failed completion went into the transaction: {later:?}"
+    );
+    let _ = tx.commit().await;
+    blocker.await.unwrap();
+    assert_eq!(
+        support::ledger_rows(store.pool(), &order).await,
+        0,
+        "the action's effect committed without its record"
+    );
+}

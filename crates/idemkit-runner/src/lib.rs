@@ -71,14 +71,12 @@
 #![forbid(unsafe_code)]
 
 mod handle;
-mod inbox;
 mod processor;
 mod settle;
 mod settlement;
 mod unwind;
 
 pub use handle::Handle;
-pub use inbox::{HandlerError, InboxHandler, InboxTx};
 pub use processor::{Processed, Processor, ProcessorBuilder};
 pub use settle::{Final, Settled, Settler, Transport};
 pub use settlement::{RetryPolicy, Settlement};

@@ -8,12 +8,12 @@ use std::fmt;
 use std::future::Future;
 
 use idemkit_core::fault::{self, FaultPoint};
-use idemkit_core::inbox::{InboxError, Seen, TxFuture};
+use idemkit_runner::Handle;
+
+use crate::inbox::{InboxError, Seen, TxFuture};
 use idemkit_core::{Attempt, Key, KeyError, Operation};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-
-use crate::Handle;
 
 /// A database's transactional inbox on its pool, as [`InboxHandler`] uses it: a
 /// transaction, the claim in it, the connection the database effect writes on, the commit.

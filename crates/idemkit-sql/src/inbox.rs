@@ -10,10 +10,8 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use crate::coordinator::Receipt;
-use crate::error::{Disposition, Error};
-use crate::ident::KeyError;
-use crate::store::StoreError;
+use idemkit_core::store::StoreError;
+use idemkit_core::{Disposition, Error, KeyError, Receipt};
 
 /// The future an action of a transactional call (or a database effect of an inbox's
 /// `deliver`) returns: boxed, because it borrows the connection it is given
@@ -60,7 +58,7 @@ impl<T> Delivered<T> {
     /// # Example
     ///
     /// ```
-    /// use idemkit_core::inbox::{Delivered, Seen};
+    /// use idemkit_sql::{Delivered, Seen};
     /// use idemkit_core::{Receipt, Source};
     ///
     /// let d = Delivered::new(Seen::New, Receipt::new("em_1", Source::Fresh, None));
@@ -98,7 +96,7 @@ impl<E> DeliverError<E> {
     ///
     /// ```
     /// use idemkit_core::{Disposition, Key};
-    /// use idemkit_core::inbox::{DeliverError, InboxError};
+    /// use idemkit_sql::{DeliverError, InboxError};
     ///
     /// let invalid = DeliverError::<()>::Inbox(InboxError::InvalidId(Key::new("").unwrap_err()));
     /// assert_eq!(invalid.disposition(), Disposition::DeadLetter);
