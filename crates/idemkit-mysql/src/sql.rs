@@ -24,7 +24,7 @@ pub(crate) struct Statements {
     pub(crate) advance_fencing: String,
     pub(crate) keep_token: String,
     pub(crate) purge: String,
-    pub(crate) keep_expired_tokens: String,
+    pub(crate) expired_batch: String,
     pub(crate) purge_expired: String,
     pub(crate) scan: String,
     pub(crate) remove: String,
@@ -150,12 +150,18 @@ impl Statements {
                  WHERE id = 1"
             ),
             purge: format!("DELETE FROM {t} WHERE `key` = ?"),
-            keep_expired_tokens: format!(
-                "UPDATE {f} SET v = GREATEST(v, COALESCE((SELECT MAX(fencing) FROM {t} \
-                   WHERE expires_us <= {NOW}), 0)) WHERE id = 1"
+            // `purge_expired`, one batch: the oldest expired rows and their tokens, read
+            // without a lock (review M3 of `e047556`: the mark's row was locked while a
+            // subquery scanned every expired row, and every `begin` reads that row). Then
+            // the mark takes the batch's largest token (`advance_fencing`, a statement of its
+            // own: the mark's lock lasts one row's update), and the batch is deleted by key,
+            // each row only if still expired and its token no larger than the mark took
+            // (a key reserved again meanwhile is live, or has a larger token: kept).
+            expired_batch: format!(
+                "SELECT `key`, fencing FROM {t} WHERE expires_us <= {NOW} ORDER BY expires_us LIMIT ?"
             ),
             purge_expired: format!(
-                "DELETE FROM {t} WHERE expires_us <= {NOW} ORDER BY expires_us LIMIT ?"
+                "DELETE FROM {t} WHERE expires_us <= {NOW} AND fencing <= ? AND `key` IN "
             ),
             // A page in key order (bytewise: the key is VARBINARY) from after the cursor,
             // within [from, until). Released rows (state 3) are read too, so that a page of

@@ -292,6 +292,12 @@ impl MySqlStore {
     /// Deletes up to `batch` expired rows per statement, oldest first, until none are left;
     /// returns how many.
     ///
+    /// Each batch is three short statements: the batch's keys and tokens read without a
+    /// lock, the fencing high-water mark raised to the batch's largest token, and the
+    /// batch deleted by key (a row reserved again meanwhile is kept). No lock is held across
+    /// a scan: a reservation waits at most for one row's update of the mark, and a backlog
+    /// costs time linear in its size.
+    ///
     /// # Errors
     ///
     /// [`StoreError`] if the database cannot be reached.
@@ -304,16 +310,39 @@ impl MySqlStore {
     /// # let _ = removed; Ok(()) }
     /// ```
     pub async fn purge_expired(&self, batch: u32) -> Result<u64, StoreError> {
-        let batch = u64::from(batch.max(1));
+        let batch = batch.max(1);
+        let sql = &self.inner.sql;
         let mut total = 0;
         loop {
-            let n = self
-                .keeping_tokens(&self.inner.sql.keep_expired_tokens, None, |_| {
-                    sqlx::query(&self.inner.sql.purge_expired).bind(batch)
-                })
-                .await?;
-            total += n;
-            if n < batch {
+            let rows: Vec<(Vec<u8>, i64)> = sqlx::query_as(&sql.expired_batch)
+                .bind(batch)
+                .fetch_all(&self.inner.pool)
+                .await
+                .map_err(|e| self.err(e))?;
+            let Some(mark) = rows.iter().map(|(_, fencing)| *fencing).max() else {
+                return Ok(total);
+            };
+            sqlx::query(&sql.advance_fencing)
+                .bind(mark)
+                .execute(&self.inner.pool)
+                .await
+                .map_err(|e| self.err(e))?;
+            // Not kept as a prepared statement: its text varies with the batch's size.
+            let delete = format!(
+                "{}({})",
+                sql.purge_expired,
+                vec!["?"; rows.len()].join(", ")
+            );
+            let mut q = sqlx::query(&delete).persistent(false).bind(mark);
+            for (key, _) in &rows {
+                q = q.bind(key.as_slice());
+            }
+            total += q
+                .execute(&self.inner.pool)
+                .await
+                .map_err(|e| self.err(e))?
+                .rows_affected();
+            if rows.len() < batch as usize {
                 return Ok(total);
             }
         }
