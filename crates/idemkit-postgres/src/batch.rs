@@ -112,24 +112,31 @@ impl Drop for Slot<'_> {
 
 /// Frees the slot and fails the queue if the sending task ends early (it panicked, or the
 /// runtime shut down and dropped it): no queued caller waits for a batch that never comes.
-struct Abandon<'a, J: Job> {
-    lane: &'a Lane<J>,
+/// Built before the task is spawned and moved into it, so that a task dropped before its
+/// first poll (its runtime shut down, or a current-thread runtime dropped after `block_on`)
+/// frees the slot too. Built inside the task, an unpolled task kept its slot for ever, and
+/// two such leaks left the lane with no slot (review M1 of `e047556`, the wedge fixed in the
+/// Redis coalescer before).
+struct Abandon<J: Batch> {
+    store: PgStore,
     armed: bool,
+    kind: std::marker::PhantomData<fn() -> J>,
 }
 
-impl<J: Job> Drop for Abandon<'_, J> {
+impl<J: Batch> Drop for Abandon<J> {
     fn drop(&mut self) {
         if self.armed {
-            self.lane.abandon();
+            J::lane(self.store.lanes()).abandon();
         }
     }
 }
 
 /// Whether a batch's failure is one a call sent on its own handles: a deadlock (two
-/// batches met in different orders) or a serialization failure.
+/// batches met in different orders), a serialization failure, or a row lock held past the
+/// batch's bound (`BATCH_LOCK_TIMEOUT`: only the locked key's own call waits for it).
 fn retry_alone(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db)
-        if matches!(db.code().as_deref(), Some("40P01" | "40001")))
+        if matches!(db.code().as_deref(), Some("40P01" | "40001" | "55P03")))
 }
 
 /// Copies of `e`, one for each caller of a batch.
@@ -138,8 +145,23 @@ pub(crate) fn copies(e: &StoreError) -> impl Fn() -> StoreError + '_ {
     move || StoreError::new(e.kind(), text.clone())
 }
 
+/// Sends batches in one slot until its queue is empty; `guard` frees the slot if the task
+/// ends early.
+async fn drain<J: Batch>(mut guard: Abandon<J>, mut batch: Vec<J>) {
+    let store = guard.store.clone();
+    let lane = J::lane(store.lanes());
+    loop {
+        J::send(&store, batch).await;
+        match lane.next() {
+            Some(next) => batch = next,
+            None => break,
+        }
+    }
+    guard.armed = false;
+}
+
 impl PgStore {
-    fn lanes(&self) -> &Lanes {
+    pub(crate) fn lanes(&self) -> &Lanes {
         // Slots exist only on a store with lanes.
         self.inner
             .lanes
@@ -158,29 +180,18 @@ impl PgStore {
     fn hand_over_to<J: Batch>(&self) {
         let lane = J::lane(self.lanes());
         let Some(batch) = lane.next() else { return };
+        // Armed from here: whatever becomes of the task, the slot is freed or handed on.
+        let guard = Abandon::<J> {
+            store: self.clone(),
+            armed: true,
+            kind: std::marker::PhantomData,
+        };
         match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn(self.clone().drain(batch))),
+            Ok(runtime) => drop(runtime.spawn(drain(guard, batch))),
             // No runtime (it is shutting down): the batch is dropped unsent, its callers
-            // answered with an error.
-            Err(_) => {
-                drop(batch);
-                lane.abandon();
-            }
+            // answered with an error, and the guard frees the slot.
+            Err(_) => drop((batch, guard)),
         }
-    }
-
-    /// Sends batches in one slot until its queue is empty.
-    async fn drain<J: Batch>(self, mut batch: Vec<J>) {
-        let lane = J::lane(self.lanes());
-        let mut guard = Abandon { lane, armed: true };
-        loop {
-            J::send(&self, batch).await;
-            match lane.next() {
-                Some(next) => batch = next,
-                None => break,
-            }
-        }
-        guard.armed = false;
     }
 
     /// Answers each caller of a batch whose statement failed: `Alone` for a failure a
@@ -199,10 +210,12 @@ impl PgStore {
         }
     }
 
-    /// Sends `begin_many` for keys in the order given; rows come back keyed.
+    /// Sends `begin_many` for keys in the order given (`bounded`: a coalesced batch, whose
+    /// lock waits are bounded); rows come back keyed.
     pub(crate) async fn begin_many_rows<'a>(
         &self,
         keys: impl Iterator<Item = BeginColumns<'a>>,
+        bounded: bool,
     ) -> Result<Vec<PgRow>, sqlx::Error> {
         let (mut k, mut o, mut l, mut f, mut h) = (vec![], vec![], vec![], vec![], vec![]);
         for c in keys {
@@ -212,25 +225,33 @@ impl PgStore {
             f.push(c.fingerprint);
             h.push(c.holder);
         }
-        sqlx::query(&self.inner.sql.begin_many)
-            .bind(&k)
-            .bind(&o)
-            .bind(&l)
-            .bind(&f)
-            .bind(&h)
-            .fetch_all(&self.inner.pool)
-            .await
+        let sql = &self.inner.sql;
+        sqlx::query(if bounded {
+            &sql.begin_batch
+        } else {
+            &sql.begin_many
+        })
+        .bind(&k)
+        .bind(&o)
+        .bind(&l)
+        .bind(&f)
+        .bind(&h)
+        .fetch_all(&self.inner.pool)
+        .await
     }
 
     async fn begin_batch(&self, batch: Vec<BeginJob>) {
         let rows = self
-            .begin_many_rows(batch.iter().map(|j| BeginColumns {
-                key: &j.key,
-                owner: &j.owner,
-                lease_us: j.lease_us,
-                fingerprint: j.fingerprint.as_ref().map(|f| &f[..]),
-                holder: j.holder.as_deref(),
-            }))
+            .begin_many_rows(
+                batch.iter().map(|j| BeginColumns {
+                    key: &j.key,
+                    owner: &j.owner,
+                    lease_us: j.lease_us,
+                    fingerprint: j.fingerprint.as_ref().map(|f| &f[..]),
+                    holder: j.holder.as_deref(),
+                }),
+                true,
+            )
             .await;
         let rows = match rows {
             Ok(rows) => rows,
@@ -259,7 +280,7 @@ impl PgStore {
         let kinds: Vec<i16> = batch.iter().map(|j| j.kind).collect();
         let results: Vec<&[u8]> = batch.iter().map(|j| &j.bytes[..]).collect();
         let ttls: Vec<i64> = batch.iter().map(|j| j.ttl_us).collect();
-        let rows = sqlx::query(&self.inner.sql.complete_many)
+        let rows = sqlx::query(&self.inner.sql.complete_batch)
             .bind(&keys)
             .bind(&owners)
             .bind(&fencings)

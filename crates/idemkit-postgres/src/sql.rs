@@ -14,11 +14,13 @@ pub(crate) struct Statements {
     pub(crate) begin_insert: String,
     pub(crate) notify: String,
     pub(crate) begin_many: String,
+    pub(crate) begin_batch: String,
     pub(crate) renew: String,
     pub(crate) completed_by: String,
     pub(crate) advance_fencing: String,
     pub(crate) complete: String,
     pub(crate) complete_many: String,
+    pub(crate) complete_batch: String,
     pub(crate) notify_many: String,
     pub(crate) release: String,
     pub(crate) wait: String,
@@ -34,8 +36,32 @@ pub(crate) struct Statements {
     pub(crate) channel: String,
 }
 
+/// How long a coalesced batch's statement waits for a row lock before it gives up (then
+/// each of its calls is sent alone): a lock held by another transaction (a transactional
+/// call's completion, a `SELECT ... FOR UPDATE`) stalls only the call of that key, not the
+/// batch's other callers and, through its slot, the lane (review M2 of `e047556`). Set for
+/// the statement's own transaction (`set_config(..., true)`), evaluated before its rows.
+pub(crate) const BATCH_LOCK_TIMEOUT: &str = "250ms";
+
+/// `statement` with its lock wait bounded by [`BATCH_LOCK_TIMEOUT`]: `from` (the source of its
+/// rows) joined with the one row of the setting.
+fn bounded(statement: &str, from: &str) -> String {
+    let bound = format!(
+        "{from}, (SELECT set_config('lock_timeout', '{BATCH_LOCK_TIMEOUT}', true)) AS bound"
+    );
+    assert!(statement.contains(from), "the statement has its source");
+    statement.replacen(from, &bound, 1)
+}
+
 impl Statements {
     pub(crate) fn new(table: &Table) -> Self {
+        let mut s = Self::unbounded(table);
+        s.begin_batch = bounded(&s.begin_many, "AS q(k, o, l, f, h)");
+        s.complete_batch = bounded(&s.complete_many, "AS q(k, o, f, kind, res, ttl)");
+        s
+    }
+
+    fn unbounded(table: &Table) -> Self {
         let t = table.quoted();
         let seq = format!("\"{}\".\"{}_fencing\"", table.schema, table.name);
         let channel = format!("{}.{}", table.schema, table.name);
@@ -104,6 +130,7 @@ impl Statements {
             // first column); a key without a row met the snapshot race described above and
             // is sent again alone. Inserts go in key order, so two batches that share keys
             // lock them in the same order (no deadlock).
+            begin_batch: String::new(),
             begin_many: format!(
                 "WITH c AS (SELECT clock_timestamp() AS now), \
                  req AS (SELECT * FROM unnest($1::text[], $2::bytea[], $3::int8[], $4::bytea[], $5::bytea[]) AS q(k, o, l, f, h)), \
@@ -173,6 +200,7 @@ impl Statements {
             // (the plan's function scan drives the primary-key lookups); should a plan ever
             // meet two batches' rows in opposite orders, the deadlock's error sends each call
             // of the batch again on its own (batch.rs).
+            complete_batch: String::new(),
             complete_many: format!(
                 "UPDATE {t} AS r SET state = 2, kind = q.kind, result = q.res, \
                    expires_at = clock_timestamp() + q.ttl * interval '1 microsecond' \

@@ -466,13 +466,16 @@ impl Store for PgStore {
             .collect();
         let holders: Vec<Option<Vec<u8>>> = reqs.iter().map(holder_block).collect();
         let rows = self
-            .begin_many_rows((0..reqs.len()).map(|i| crate::batch::BeginColumns {
-                key: keys[i],
-                owner: &owners[i],
-                lease_us: micros(reqs[i].lease),
-                fingerprint: fingerprints[i].as_ref().map(|f| &f[..]),
-                holder: holders[i].as_deref(),
-            }))
+            .begin_many_rows(
+                (0..reqs.len()).map(|i| crate::batch::BeginColumns {
+                    key: keys[i],
+                    owner: &owners[i],
+                    lease_us: micros(reqs[i].lease),
+                    fingerprint: fingerprints[i].as_ref().map(|f| &f[..]),
+                    holder: holders[i].as_deref(),
+                }),
+                false,
+            )
             .await;
         let rows = match rows {
             Ok(rows) => rows,

@@ -276,3 +276,150 @@ async fn queued_completions_store_wake_their_waiters_and_refuse_a_stale_owner() 
         );
     }
 }
+
+/// Review M1 (of `e047556`), the Redis coalescer's wedge in PostgreSQL's: a call holding a
+/// slot ends on a runtime that is being dropped, and the batch task its slot hands over to
+/// (spawned on that runtime) is dropped before its first poll. Each round leaks one slot
+/// without the fix; after two, nothing is ever sent again.
+///
+/// Before: the task's guard was built inside the task, at its first poll, so the slot was
+/// never freed and this test's last `begin` waited for ever (its timeout here).
+#[test]
+fn a_batch_task_dropped_before_its_first_poll_gives_its_slot_back() {
+    use std::future::Future;
+    use std::task::Poll;
+
+    let main = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let Some((store, conn, _look)) = main.block_on(held(true)) else {
+        return;
+    };
+    let keys = keys("unpolled-batch", 13);
+    let reqs: Vec<_> = keys
+        .iter()
+        .map(|k| BeginRequest::new(k, OwnerToken::random(), Duration::from_secs(30)))
+        .collect();
+    let mut next = reqs.iter();
+    for _ in 0..4 {
+        let doomed = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (a, b, c) = (
+            next.next().unwrap(),
+            next.next().unwrap(),
+            next.next().unwrap(),
+        );
+        doomed.block_on(async {
+            // `a` and `b` take the two slots (and wait for the held connection), `c` queues.
+            let mut calls = [
+                Some(Box::pin(store.begin(a))),
+                Some(Box::pin(store.begin(b))),
+                Some(Box::pin(store.begin(c))),
+            ];
+            std::future::poll_fn(|cx| {
+                for call in calls.iter_mut().flatten() {
+                    let _ = call.as_mut().poll(cx);
+                }
+                Poll::Ready(())
+            })
+            .await;
+            // `a` goes first, while `c` still waits: its slot hands `c`'s batch to a task
+            // on this runtime, which `block_on` returns before polling.
+            for call in &mut calls {
+                drop(call.take());
+            }
+        });
+        drop(doomed);
+    }
+    // sqlx gives a connection back from a task of the runtime it is dropped in.
+    main.block_on(async { drop(conn) });
+    let last = next.next().unwrap();
+    let later = main
+        .block_on(async { tokio::time::timeout(Duration::from_secs(10), store.begin(last)).await });
+    assert!(
+        matches!(later, Ok(Ok(Claim::Reserved { .. }))),
+        "the begin lane is wedged: {later:?}"
+    );
+}
+
+/// Review M2 (of `e047556`): a coalesced batch meets a row another transaction holds (an
+/// expired reservation locked `FOR UPDATE`, as a transactional call's completion or a
+/// caller's own lock would). The batch's statement gives up after its bound and each call
+/// goes alone: the fresh keys queued with it are reserved while the lock is still held, and
+/// only the locked key's own call waits for it.
+///
+/// Before: the batch statement waited on the lock with every caller in it, and the lane's
+/// slot with it: the fresh keys waited until the holder committed (this test's timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_lock_stalls_only_its_own_key_not_the_batch() {
+    let Some(look) = support::pool().await else {
+        return;
+    };
+    support::store().await.expect("migrated");
+    let four = PgPoolOptions::new()
+        .max_connections(4)
+        .test_before_acquire(false)
+        .connect(&support::url())
+        .await
+        .unwrap();
+    let store = PgStore::builder()
+        .schema("idemkit_test")
+        .table("records")
+        .recheck(Duration::from_secs(60))
+        .build(four.clone())
+        .unwrap();
+    // An expired reservation of K, locked by another transaction.
+    let locked = idemkit_test::unique_key("row-lock-locked");
+    reserved(
+        store
+            .begin(&BeginRequest::new(
+                &locked,
+                OwnerToken::random(),
+                Duration::from_millis(1),
+            ))
+            .await,
+    );
+    let mut holder = look.begin().await.unwrap();
+    loop {
+        let live: bool = sqlx::query_scalar(
+            "SELECT expires_at > clock_timestamp() FROM idemkit_test.records WHERE key = $1 FOR UPDATE",
+        )
+        .bind(locked.as_str())
+        .fetch_one(&mut *holder)
+        .await
+        .unwrap();
+        if !live {
+            break;
+        }
+    }
+    // Every connection of the store's pool held: the first two begins take the slots and
+    // wait for one, the rest (K among them) queue for one batch.
+    let mut conns = Vec::new();
+    for _ in 0..4 {
+        conns.push(four.acquire().await.unwrap());
+    }
+    let fresh = keys("row-lock-fresh", 20);
+    let mut calls: Vec<_> = fresh[..2].iter().map(|k| spawn_begin(&store, k)).collect();
+    settle().await;
+    let stalled = spawn_begin(&store, &locked);
+    calls.extend(fresh[2..].iter().map(|k| spawn_begin(&store, k)));
+    settle().await;
+    drop(conns);
+    for (i, call) in calls.into_iter().enumerate() {
+        let claim = tokio::time::timeout(Duration::from_secs(10), call)
+            .await
+            .unwrap_or_else(|_| panic!("fresh key {i} waited on another key's row lock"));
+        reserved(claim.unwrap());
+    }
+    assert!(
+        !stalled.is_finished(),
+        "the locked key's begin went past the lock"
+    );
+    holder.commit().await.unwrap();
+    // Its own call then takes the expired reservation over.
+    reserved(stalled.await.unwrap());
+}
