@@ -477,3 +477,36 @@ async fn a_completion_that_times_out_still_rolls_back_and_spoils_the_transaction
         "the action's effect committed without its record"
     );
 }
+
+/// Review L3 (of `e047556`): MySQL cannot roll back only the action's writes, so a call that
+/// fails after its action rolls back the caller's whole transaction, what it wrote before
+/// the call too (as `TxCall` documents), and the caller's commit then commits nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_call_rolls_back_the_whole_transaction_as_documented() {
+    let Some((store, c)) = setup().await else {
+        return;
+    };
+    let (before, order) = (support::order("before-call"), support::order("whole-tx"));
+    let key = Key::new(&order).unwrap();
+    let mut tx = store.pool().begin().await.unwrap();
+    support::credit(&mut tx, &before).await.unwrap();
+    let o = order.clone();
+    let r = c
+        .call(&op(), &key)
+        .in_transaction(&mut tx)
+        .run(|conn, _| {
+            Box::pin(async move {
+                support::credit(conn, &o).await?;
+                Err::<i64, sqlx::Error>(sqlx::Error::Protocol("downstream refused".into()))
+            })
+        })
+        .await;
+    assert!(matches!(r, Err(Error::Action(_))), "{r:?}");
+    tx.commit().await.unwrap();
+    assert_eq!(support::ledger_rows(store.pool(), &order).await, 0);
+    assert_eq!(
+        support::ledger_rows(store.pool(), &before).await,
+        0,
+        "the write made before the call is rolled back with the transaction"
+    );
+}

@@ -12,7 +12,9 @@
 //!
 //! - **Manual acks, from one table** ([`idemkit_runner`]): `Ack` → `basic.ack`; `DeadLetter`
 //!   → published to the [dead-letter exchange](RabbitRunner::dead_letter_exchange) and
-//!   confirmed by the broker, then `basic.ack`, so a dead letter is never lost; without one,
+//!   confirmed by the broker, then `basic.ack`, so a dead letter is never lost (at least once:
+//!   should the original's ack fail after the copy was confirmed, a channel closed between the
+//!   two, the original is delivered again and parked a second time); without one,
 //!   `basic.reject` without requeue (the queue's own `x-dead-letter-exchange` takes it, if
 //!   it has one; otherwise the broker drops it, and the runner logs it at `error`).
 //!   `Retry` is retried in process, as every idemkit runner does: a failing handler after
@@ -227,7 +229,9 @@ where
     }
 
     /// The connection's properties (a connection name, an auth provider), instead of
-    /// lapin's defaults.
+    /// lapin's defaults. Leave lapin's auto-recovery off (`enable_auto_recover`): the runner
+    /// connects again itself after a lost connection, and lapin's recovery beside it would
+    /// recover channels whose unacknowledged deliveries the broker has already requeued.
     pub fn connection_properties(mut self, properties: ConnectionProperties) -> Self {
         self.properties = properties;
         self
@@ -287,7 +291,9 @@ where
     /// keeps the original properties and headers, beside `idemkit-error` (why),
     /// `idemkit-queue`, `idemkit-exchange` and `idemkit-routing-key` (where from). A copy
     /// that cannot be stored (no such exchange, no queue bound) is logged and the original
-    /// goes back to the queue after a second: it is never lost. Without one, a dead letter
+    /// goes back to the queue after a second: it is never lost (at least once, possibly twice:
+    /// a confirmed copy whose original's ack then fails, its channel closed, is parked again
+    /// when the original is redelivered). Without one, a dead letter
     /// is rejected without requeue (see the [crate docs](crate)).
     pub fn dead_letter_exchange(
         mut self,

@@ -20,7 +20,9 @@ pub use holder::{Holder, SharedHolder};
 /// Identifies one reservation attempt. Only the holder of the token that reserved a key may
 /// renew, complete or release it.
 ///
-/// Tokens are 128 random bits: unique, not secret (they only tell owners apart).
+/// Tokens are 128 bits from a per-thread generator seeded from the OS (`fastrand`, with 64 bits
+/// of state): unique in practice, not secret (they only tell
+/// owners apart, and a token is checked together with its fencing token).
 ///
 /// # Example
 ///
