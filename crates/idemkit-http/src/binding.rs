@@ -242,6 +242,26 @@ pub fn problem_named(name: &str) -> Option<Problem> {
     Problem::ALL.into_iter().find(|p| p.name() == name)
 }
 
+/// How long one frame of a final, streamed response may wait for room towards its client:
+/// a third of the lease (so that a stalled client never costs the owner more than a renewal
+/// interval per frame), and no more than 10 s. Past it the client is dropped from the
+/// stream (it gets a cut-off body) and the handler's response goes on to be stored, so a
+/// client that stops reading can neither hold the key nor make its retry run the handler
+/// again. The Rust layer and the Python ASGI middleware both pace by it.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use idemkit_http::binding::client_pace;
+///
+/// assert_eq!(client_pace(Duration::from_secs(15)), Duration::from_secs(5));
+/// assert_eq!(client_pace(Duration::from_secs(60)), Duration::from_secs(10));
+/// ```
+pub fn client_pace(lease: std::time::Duration) -> std::time::Duration {
+    (lease / 3).min(std::time::Duration::from_secs(10))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -212,7 +212,7 @@ where
     // How long a frame may wait for its client to make room (review M3): storing the
     // response must go at the handler's pace, never the client's, or a client that stops
     // reading holds the key (and, past `max_hold`, gets its handler run twice).
-    let pace = client_pace(policy.lease);
+    let pace = crate::binding::client_pace(policy.lease);
     // A final response's head goes to the client as soon as the handler gives it; its body
     // follows frame by frame (`ResponseBody::streamed`), its last frame and end once the
     // call has returned (`Tail`).
@@ -520,13 +520,6 @@ pub(crate) const STORE_UNAVAILABLE_RETRY_AFTER_SECS: u64 = 1;
 /// A `500 internal` problem: the error's text goes to the log only, under an incident id
 /// that the answer carries (its `instance`), so an operator can find the one from the
 /// other and a client learns nothing of the store or the handler (SQL, script errors).
-/// How long one frame may wait for room towards its client: a third of the lease (so that
-/// a stalled client never costs the owner more than a renewal interval per frame), and no
-/// more than 10 s.
-fn client_pace(lease: std::time::Duration) -> std::time::Duration {
-    (lease / 3).min(std::time::Duration::from_secs(10))
-}
-
 /// Sends `piece` to the client's body, waiting at most `pace` for room; `false` when the
 /// client is gone or did not make room in time (the caller then drops its stream).
 async fn paced(pace: std::time::Duration, tx: &mpsc::Sender<Piece>, piece: Piece) -> bool {

@@ -419,6 +419,49 @@ async def test_a_client_that_leaves_mid_stream_retries_into_the_whole_response()
     assert len(runs) == 1
 
 
+async def test_a_client_that_stops_reading_does_not_hold_the_call():
+    """Review M5 (of ``e047556``): the first client sends its request and never reads. The
+    handler's 32 MiB stream must not wait on it: each frame waits at most the middleware's
+    ``client_pace`` (a third of the 0.3 s lease), then the client is dropped from the stream,
+    the handler runs to its end and its response is stored; the retry is a replay.
+
+    Before: the handler blocked in uvicorn's ``send`` once the socket's buffers were full,
+    the keeper renewed the key the while, and the retry waited (or got 409)."""
+    runs, finished = [], asyncio.Event()
+    app = FastAPI()
+
+    @app.post("/download")
+    async def download(request: Request) -> Response:
+        runs.append(1)
+
+        async def body():
+            for _ in range(512):
+                yield b"x" * 65536
+            finished.set()
+
+        return StreamingResponse(body(), media_type="application/octet-stream")
+
+    coordinator = idemkit.Coordinator(idemkit.MemoryStore(), lease=0.3)
+    async with serve(protect(app, coordinator)) as client:
+        port = int(str(client.base_url).rsplit(":", 1)[1].rstrip("/"))
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"POST /download HTTP/1.1\r\nhost: 127.0.0.1\r\nx-tenant: t\r\n"
+            b'idempotency-key: "slow"\r\ncontent-length: 1\r\n\r\nx'
+        )
+        await writer.drain()
+        try:
+            # Never read from here on.
+            await asyncio.wait_for(finished.wait(), 30)
+            retry = await client.post("/download", content=b"x", headers={"x-tenant": "t", "idempotency-key": '"slow"'})
+        finally:
+            # Also on a failure: a handler blocked on this client would hold the server's
+            # shutdown.
+            writer.close()
+    assert retry.headers["idempotent-replayed"] == "true", (retry.status_code, retry.text[:200])
+    assert len(runs) == 1
+
+
 async def test_cancelling_with_the_client_is_an_explicit_option():
     started, finished = [], []
     app = FastAPI()

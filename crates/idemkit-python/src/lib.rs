@@ -315,6 +315,16 @@ impl Coordinator {
         })
     }
 
+    /// How long the ASGI middleware lets one streamed frame wait for its client, in seconds:
+    /// the Rust HTTP layer's rule (`idemkit_http::binding::client_pace`) on `operation`'s
+    /// lease.
+    fn client_pace(&self, py: Python<'_>, operation: &str) -> PyResult<f64> {
+        let operation = Operation::new(operation)
+            .map_err(|e| raise(py, "InvalidKey", (e.to_string(),)))?;
+        let lease = self.inner.policy_for(&operation).lease;
+        Ok(idemkit_http::binding::client_pace(lease).as_secs_f64())
+    }
+
     /// Starts a call on the runtime and returns at once: `bridge` gets the call's first
     /// reply under `id` (the stored result's bytes, a [`Begun`] whose action the caller runs
     /// now, or the call's error). The returned [`Pending`] aborts the call if the caller

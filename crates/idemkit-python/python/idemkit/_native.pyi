@@ -51,6 +51,7 @@ class Coordinator:
         holder_name: str | None = None,
         on_cancel: _OnCancel = "keep",
     ) -> None: ...
+    def client_pace(self, operation: str) -> float: ...
     def begin(
         self,
         bridge: Bridge,

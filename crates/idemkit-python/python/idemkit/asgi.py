@@ -138,6 +138,10 @@ class IdempotencyMiddleware:
         self.app = app
         self.coordinator = coordinator
         self.operation = operation
+        # How long one streamed frame may wait for its client (the Rust layer's rule, on the
+        # operation's lease): a client that stops reading is dropped from the stream, and
+        # neither holds the key nor makes its retry run the handler again.
+        self.client_pace: float = coordinator._native.client_pace(operation)
         self.scope_by = scope_by
         self.global_scope = global_scope
         self.methods = frozenset(m.upper() for m in methods)
@@ -357,6 +361,24 @@ class _Run:
             # is still stored; only this client does not get it.
             self.client_gone = True
 
+    async def _paced(self, message: Message) -> None:
+        """A frame of a stream the handler gives while it holds the key: to the client, but
+        waiting no longer than the middleware's ``client_pace`` for it to make room. A client
+        that does not is dropped from the stream (its body is cut off) and the handler goes on
+        to its end and its stored response, as in the Rust layer."""
+        if self.client_gone:
+            return
+        try:
+            await asyncio.wait_for(self.client_send(message), self.mw.client_pace)
+        except asyncio.TimeoutError:
+            self.client_gone = True
+            logger.warning(
+                "idempotency middleware: the client stopped reading a streamed response; "
+                "it is dropped from the stream, the response is still stored"
+            )
+        except Exception:
+            self.client_gone = True
+
     async def call(self) -> None:
         mw = self.mw
         call = mw.coordinator.call(
@@ -569,9 +591,9 @@ class _Run:
                 return
             # A stream: its head and each frame go out as the handler gives them.
             if not self.sent_head and self.start is not None:
-                await self._send(self.start)
+                await self._paced(self.start)
                 self.sent_head = True
-            await self._send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await self._paced({"type": "http.response.body", "body": chunk, "more_body": True})
 
         try:
             await self.mw.app(scope, receive, send)
