@@ -319,8 +319,8 @@ impl Coordinator {
     /// the Rust HTTP layer's rule (`idemkit_http::binding::client_pace`) on `operation`'s
     /// lease.
     fn client_pace(&self, py: Python<'_>, operation: &str) -> PyResult<f64> {
-        let operation = Operation::new(operation)
-            .map_err(|e| raise(py, "InvalidKey", (e.to_string(),)))?;
+        let operation =
+            Operation::new(operation).map_err(|e| raise(py, "InvalidKey", (e.to_string(),)))?;
         let lease = self.inner.policy_for(&operation).lease;
         Ok(idemkit_http::binding::client_pace(lease).as_secs_f64())
     }

@@ -17,6 +17,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::Coordinator;
+use super::lease::Held;
 use crate::clock::now;
 use crate::ident::{Key, Operation, StorageKey};
 use crate::phase::Phase;
@@ -47,12 +48,13 @@ impl<S: Store> fmt::Debug for Prepared<S> {
     }
 }
 
-/// A prepared claim as a call uses it: the claim, when its `begin` was sent, and the lease
-/// the call counts on from then (the call's own, no longer than the batch's: the store holds
-/// the reservation at least that long from no earlier than the send, see
-/// [`Prepared::take_for`]). Boxed: it lives in
+/// A prepared claim as a call uses it: the claim, when its `begin` was sent, the lease the
+/// call counts on from then (the call's own, no longer than the batch's: the store holds the
+/// reservation at least that long from no earlier than the send, see
+/// [`Prepared::take_for`]), and the batch's, which the store holds until a renewal lands (a
+/// completion may still land until then). Boxed: it lives in
 /// the call's future, which every call moves; unbatched calls pay one pointer.
-pub(super) type FirstClaim = Option<Box<(Result<Claim, StoreError>, Instant, Duration)>>;
+pub(super) type FirstClaim = Option<Box<(Result<Claim, StoreError>, Instant, Held)>>;
 
 /// What a call takes from its prepared claim.
 pub(super) struct Taken {
@@ -90,7 +92,14 @@ impl<S: Store> Prepared<S> {
         Some(Taken {
             owner: self.owner,
             claim: match (&claim, fresh) {
-                (_, true) => Some(Box::new((claim, self.sent_at, call_lease))),
+                (_, true) => Some(Box::new((
+                    claim,
+                    self.sent_at,
+                    Held {
+                        counted: call_lease,
+                        stored: self.lease,
+                    },
+                ))),
                 // Stale: a begin with the same owner token confirms (or replaces) it.
                 (Ok(Claim::Reserved { .. }), false) => None,
                 // Stale news of someone else's record: ask again.

@@ -6,11 +6,10 @@ use std::sync::Arc;
 
 use super::attempt::Attempt;
 use super::call::Call;
-use super::lease::{LeaseState, Pending, bounded};
+use super::lease::{Held, LeaseState, Pending, bounded};
 use super::options::{Completer, OnActionError};
 use super::outcome::{AfterAction, Effective};
 use super::receipt::Receipt;
-use crate::clock::after;
 use crate::codec::Codec;
 use crate::error::Error;
 use crate::ident::{Operation, StorageKey};
@@ -26,7 +25,7 @@ impl<S: Store, C, P, K: Completer, B> Call<'_, S, C, P, K, B> {
         &self,
         key: &StorageKey,
         lease: Ownership,
-        (reserved_at, held): (tokio::time::Instant, std::time::Duration),
+        (reserved_at, held): (tokio::time::Instant, Held),
         effective: &Effective,
         action: F,
         mut completer: K,
@@ -39,7 +38,7 @@ impl<S: Store, C, P, K: Completer, B> Call<'_, S, C, P, K, B> {
     {
         let op: &Operation = &self.operation;
         let policy = &effective.policy;
-        let state = Arc::new(LeaseState::new(after(reserved_at, held)));
+        let state = Arc::new(LeaseState::reserved(reserved_at, held));
         let keeper = self.keeper(key, lease, reserved_at, policy, &state);
         let mut guard = self.guard(key, lease);
         let attempt = Attempt {

@@ -23,7 +23,9 @@ use tracing::Instrument as _;
 use super::attempt::{Attempt, Downstream};
 use super::batch::{FirstClaim, Prepared};
 use super::call::Call;
-use super::lease::{Guard, Keeper, LeaseState, OrphanGuard, Pending, bounded, release_orphan};
+use super::lease::{
+    Guard, Held, Keeper, LeaseState, OrphanGuard, Pending, bounded, release_orphan,
+};
 use super::options::{Batch, Completer, OnActionError};
 use super::outcome::{AfterAction, Effective};
 use super::receipt::{Receipt, Source};
@@ -107,7 +109,8 @@ impl<S: Store, C, P, K, B> Call<'_, S, C, P, K, B> {
         let mut wait_deadline = None;
 
         loop {
-            // `held`: how long from `started` the store holds a reservation this answers.
+            // `held`: how long from `started` the owner counts on a reservation this answers,
+            // and how long the store may hold it.
             let (begin, started, held) = match first.take() {
                 Some(taken) => *taken,
                 None => {
@@ -130,7 +133,7 @@ impl<S: Store, C, P, K, B> Call<'_, S, C, P, K, B> {
                     .await;
                     orphan.armed = false;
                     op.metrics().timing(Phase::Begin, started);
-                    (begin, started, policy.lease)
+                    (begin, started, Held::same(policy.lease))
                 }
             };
             match begin {
@@ -312,7 +315,7 @@ impl<S: Store, C, P, K, B> Call<'_, S, C, P, K, B> {
         &self,
         key: &StorageKey,
         lease: Ownership,
-        (reserved_at, held): (tokio::time::Instant, std::time::Duration),
+        (reserved_at, held): (tokio::time::Instant, Held),
         effective: &Effective,
         action: F,
         reservation: Option<Reservation>,
@@ -325,7 +328,7 @@ impl<S: Store, C, P, K, B> Call<'_, S, C, P, K, B> {
     {
         let op: &Operation = &self.operation;
         let policy = &effective.policy;
-        let state = std::sync::Arc::new(LeaseState::new(after(reserved_at, held)));
+        let state = std::sync::Arc::new(LeaseState::reserved(reserved_at, held));
         let keeper = self.keeper(key, lease, reserved_at, policy, &state);
         let work = async {
             // Created before anything can be dropped mid-way: from here on a dropped call

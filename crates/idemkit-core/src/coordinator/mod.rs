@@ -28,6 +28,7 @@ mod lease;
 pub mod options;
 mod outcome;
 mod receipt;
+mod state;
 
 pub use attempt::Attempt;
 pub use batch::Prepared;
