@@ -23,9 +23,10 @@ use idemkit_core::{ResultKind, StoreError, StoreErrorKind};
 use redis::{Cmd, Value};
 use tokio::sync::oneshot;
 
+use crate::RedisStore;
 use crate::errors::unexpected;
 use crate::scripts;
-use crate::{RedisStore, query_loading};
+use crate::scripts::query_loading;
 
 /// The most keys sent in one script call. Small enough that several batches are on the wire
 /// at once, so the client handles one batch's replies while Redis runs the next (one large

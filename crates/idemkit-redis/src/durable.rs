@@ -14,7 +14,7 @@ use redis::{AsyncConnectionConfig, Cmd, Value};
 use crate::conn::Conn;
 use crate::errors::map_err;
 use crate::keys::{ms, slot};
-use crate::{eval_on, scripts};
+use crate::scripts::{self, eval_on};
 
 /// How to open a connection of its own.
 pub(crate) enum Opener {

@@ -1,12 +1,22 @@
-//! Lanes: the connections of a single-server store, and which one a command takes
-//! (ARCHITECTURE row 35).
+//! Lanes: the connections of a single-server store, which one a command takes
+//! (ARCHITECTURE row 35), and what a `begin` or a `complete` does on its lane: the replay
+//! read after a run of replays, the entry into the lane's coalescer, the plain completion
+//! (`SET … IFEQ`), and the script, under the durability guard when there is one.
 
 use std::sync::atomic::Ordering;
 
-use crate::RedisStore;
-use crate::coalesce::{BeginJob, Coalescer, CompleteJob};
+use idemkit_core::{
+    BeginRequest, Claim, CompleteRequest, FencingToken, Ownership, StorageKey, Store, StoreError,
+};
+use redis::{Cmd, Value};
+
+use crate::claim::claim_of;
+use crate::coalesce::{self, BeginJob, Coalescer, CompleteJob, Entered, Kind, Lead};
 use crate::conn::Conn;
-use crate::keys;
+use crate::errors::{int, map_err, owner_checked};
+use crate::keys::{self, ms};
+use crate::scripts::{self, Done, Head, Mine, Parts, Rest, eval_on};
+use crate::{RedisStore, durable, plain, replays};
 
 /// One connection of a single-server store with its two queues. Every command about a key
 /// goes through the key's lane (chosen by its hash tag), so a key's commands reach Redis in
@@ -48,5 +58,236 @@ impl RedisStore {
             return 0;
         }
         self.shared.next_begin.fetch_add(1, Ordering::Relaxed) % lanes
+    }
+}
+
+impl RedisStore {
+    /// `EVALSHA` of `lua` on `rkey` with `args` on the key's lane: one round trip.
+    pub(crate) async fn eval<T: redis::FromRedisValue>(
+        &self,
+        lua: &scripts::Lua,
+        rkey: &str,
+        args: impl FnOnce(&mut Cmd),
+    ) -> Result<T, StoreError> {
+        eval_on(&mut self.lane_conn(rkey), lua, rkey, args).await
+    }
+
+    /// `Store::begin` on one lane.
+    pub(crate) async fn begin_on(
+        &self,
+        lane: usize,
+        req: &BeginRequest<'_>,
+    ) -> Result<Claim, StoreError> {
+        let mut rkey = self.redis_key(req.key);
+        // Not with the durability guard: a replay waits for the replicas (see below), and a
+        // `GET` writes nothing a `WAIT` could count.
+        if self.shared.durable.is_none() && self.shared.replays.likely() {
+            // After a run of replays: a `GET` first, answered only by a completed record.
+            let mut conn = self.shared.lanes[lane].conn.clone();
+            let read: Value = redis::cmd("GET")
+                .arg(&rkey)
+                .query_async(&mut conn)
+                .await
+                .map_err(map_err)?;
+            match read {
+                Value::BulkString(bytes) if replays::completed(&bytes) => {
+                    return claim_of(req, Value::BulkString(bytes));
+                }
+                _ => {}
+            }
+        }
+        let fingerprint = req.fingerprint.map(|f| f.to_bytes());
+        let _lead = if self.shared.coalesce {
+            let mut queued = None;
+            let lead = self.shared.lanes[lane].begins.enter(|| {
+                let (reply, answer) = tokio::sync::oneshot::channel();
+                queued = Some(answer);
+                BeginJob {
+                    // Queued, this call needs the key no more: moved, not copied.
+                    rkey: std::mem::take(&mut rkey),
+                    owner: req.owner.as_u128(),
+                    fingerprint,
+                    lease_ms: ms(req.lease),
+                    holder: req.holder.cloned(),
+                    reply,
+                }
+            });
+            match lead {
+                Entered::Lead => Some(Lead {
+                    store: self,
+                    kind: Kind::Begin,
+                    lane,
+                }),
+                Entered::Queued { spawn_flush } => {
+                    if spawn_flush {
+                        coalesce::spawn_flush(self, Kind::Begin, lane);
+                    }
+                    let answer = queued.expect("queued");
+                    return claim_of(req, coalesce::wait(answer).await?);
+                }
+            }
+        } else {
+            None
+        };
+        let script = match self.shared.durable {
+            None => &scripts::BEGIN,
+            Some(_) => &scripts::BEGIN_GUARDED,
+        };
+        let (reply, acked) = self
+            .eval_guarded(
+                lane,
+                script,
+                &rkey,
+                |cmd| {
+                    let parts = Parts {
+                        owner: req.owner.as_u128(),
+                        fingerprint: fingerprint.as_ref(),
+                        holder: req.holder.map(|h| (&**h, ms(req.lease))),
+                    };
+                    cmd.arg(Head(&parts)).arg(ms(req.lease)).arg(Rest(&parts));
+                },
+                // A reservation, or a completed record (whose expiry the guarded script
+                // wrote again): replicas must have it.
+                |reply| matches!(reply, Value::Int(1..) | Value::BulkString(_)),
+            )
+            .await?;
+        // A replay the replicas did not acknowledge: its value, called unconfirmed.
+        let unconfirmed = matches!(reply, Value::BulkString(_)) && acked.is_err();
+        if let (Value::Int(fencing @ 1..), Err(e)) = (&reply, acked) {
+            // Not durable: give the key back, so that nobody waits for a reservation whose
+            // caller is told nothing ran (best effort: if this fails too, the lease expires).
+            let lease = Ownership::new(req.owner, FencingToken::new(*fencing as u64));
+            if let Err(release) = self.release(req.key, &lease).await {
+                tracing::warn!(key = %req.key, error = %release,
+                    "releasing an unacknowledged reservation failed; it expires with its lease");
+            }
+            return Err(e);
+        }
+        match claim_of(req, reply)? {
+            Claim::Replay(replay) if unconfirmed => Ok(Claim::Replay(replay.with_confirmed(false))),
+            claim => Ok(claim),
+        }
+    }
+
+    /// A script that writes, then the durability guard's `WAIT` if `needs_wait` says the
+    /// reply wrote something, both on one connection of their own (see `durable`). Without
+    /// the guard, the script alone on `lane`'s connection.
+    pub(crate) async fn eval_guarded(
+        &self,
+        lane: usize,
+        lua: &scripts::Lua,
+        rkey: &str,
+        args: impl FnOnce(&mut Cmd),
+        needs_wait: impl FnOnce(&Value) -> bool,
+    ) -> Result<(Value, Result<(), StoreError>), StoreError> {
+        match &self.shared.durable {
+            None => {
+                let mut conn = self.shared.lanes[lane].conn.clone();
+                Ok((eval_on(&mut conn, lua, rkey, args).await?, Ok(())))
+            }
+            // Boxed: the guarded path (a connection to open, a `WAIT`) would otherwise make
+            // every call's future larger, and futures are moved on every call.
+            Some(durable) => Box::pin(durable::eval(durable, lua, rkey, args, needs_wait)).await,
+        }
+    }
+
+    /// `Store::complete` on the key's lane.
+    pub(crate) async fn complete_on(
+        &self,
+        key: &StorageKey,
+        lease: &Ownership,
+        completion: &CompleteRequest,
+    ) -> Result<(), StoreError> {
+        let mut rkey = self.redis_key(key);
+        let lane = self.lane(&rkey);
+        let reserved = completion.reservation.as_ref();
+        let _lead = if self.shared.coalesce {
+            let mut queued = None;
+            let lead = self.shared.lanes[lane].completes.enter(|| {
+                let (reply, answer) = tokio::sync::oneshot::channel();
+                queued = Some(answer);
+                CompleteJob {
+                    rkey: std::mem::take(&mut rkey),
+                    owner: lease.owner.as_u128(),
+                    fencing: lease.fencing.get(),
+                    ttl_ms: ms(completion.ttl),
+                    kind: completion.kind,
+                    bytes: completion.bytes.clone(),
+                    fingerprint: reserved.and_then(|r| r.fingerprint).map(|f| f.to_bytes()),
+                    holder: reserved.and_then(|r| Some((r.holder.clone()?, ms(r.lease)))),
+                    known: reserved.is_some() && self.shared.durable.is_none(),
+                    reply,
+                }
+            });
+            match lead {
+                Entered::Lead => Some(Lead {
+                    store: self,
+                    kind: Kind::Complete,
+                    lane,
+                }),
+                Entered::Queued { spawn_flush } => {
+                    if spawn_flush {
+                        coalesce::spawn_flush(self, Kind::Complete, lane);
+                    }
+                    let answer = queued.expect("queued");
+                    return owner_checked(int(Some(&coalesce::wait(answer).await?))?);
+                }
+            }
+        } else {
+            None
+        };
+        if let (Some(r), None) = (reserved, &self.shared.durable) {
+            // The reservation known byte for byte: one plain `SET … IFEQ` where the server
+            // has it; the script only if that wrote nothing (see `plain`).
+            let mut conn = self.shared.lanes[lane].conn.clone();
+            if self
+                .shared
+                .caps
+                .ifeq(&mut conn, &self.shared.prefix)
+                .await?
+            {
+                let fingerprint = r.fingerprint.map(|f| f.to_bytes());
+                let parts = Parts {
+                    owner: lease.owner.as_u128(),
+                    fingerprint: fingerprint.as_ref(),
+                    holder: r.holder.as_ref().map(|h| (&**h, ms(r.lease))),
+                };
+                let done = plain::Completion {
+                    fencing: lease.fencing.get(),
+                    kind: completion.kind,
+                    bytes: &completion.bytes,
+                    ttl_ms: ms(completion.ttl),
+                };
+                if plain::complete(&self.shared.caps, &mut conn, &rkey, &parts, &done).await? {
+                    return Ok(());
+                }
+            }
+        }
+        let (reply, acked) = self
+            .eval_guarded(
+                lane,
+                self.complete_script(),
+                &rkey,
+                |cmd| {
+                    let fingerprint = reserved.and_then(|r| r.fingerprint).map(|f| f.to_bytes());
+                    let parts = Parts {
+                        owner: lease.owner.as_u128(),
+                        fingerprint: fingerprint.as_ref(),
+                        holder: reserved.and_then(|r| Some((&**r.holder.as_ref()?, ms(r.lease)))),
+                    };
+                    cmd.arg(ms(completion.ttl))
+                        .arg(Mine(&parts, lease.fencing.get()))
+                        .arg(Done {
+                            parts: &parts,
+                            fencing: lease.fencing.get(),
+                            kind: completion.kind,
+                            bytes: &completion.bytes,
+                        });
+                },
+                |reply| matches!(reply, Value::Int(1)),
+            )
+            .await?;
+        owner_checked(int(Some(&reply))?)?;
+        acked
     }
 }

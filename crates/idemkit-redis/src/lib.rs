@@ -58,7 +58,7 @@ use idemkit_core::{
     BeginRequest, Claim, CompleteRequest, FencingToken, Ownership, RawStore, Record, StorageKey,
     Store, StoreError, StoreErrorKind,
 };
-use redis::{Cmd, Pipeline, Value};
+use redis::{Pipeline, Value};
 
 /// The Redis client this crate is built on, so an application uses the same version as the
 /// store without naming it in its manifest.
@@ -72,6 +72,7 @@ mod durable;
 mod errors;
 mod keys;
 mod lanes;
+mod many;
 #[cfg(all(test, idemkit_loom))]
 mod model;
 mod plain;
@@ -84,15 +85,12 @@ mod wake;
 
 pub use builder::{EvictionCheck, RedisStoreBuilder};
 
-use claim::claim_of;
-
-use coalesce::{BeginJob, CompleteJob, Entered, Kind, Lead};
 use conn::Conn;
 use durable::Durable;
-use errors::{int, map_err, owner_checked, unexpected};
+use errors::{map_err, owner_checked};
 use keys::{channel, key_for, ms};
 use lanes::Lane;
-use scripts::{Done, Head, LeaseArg, Mine, Parts, Rest};
+use scripts::{LeaseArg, eval_on};
 use wake::Waiters;
 
 /// The bounds a store enforces itself: one call (see `Store::call_timeout`), one response.
@@ -349,176 +347,6 @@ impl RedisStore {
             _ => "PUBLISH",
         }
     }
-
-    /// `EVALSHA` of `lua` on `rkey` with `args` on the key's lane: one round trip.
-    async fn eval<T: redis::FromRedisValue>(
-        &self,
-        lua: &scripts::Lua,
-        rkey: &str,
-        args: impl FnOnce(&mut Cmd),
-    ) -> Result<T, StoreError> {
-        eval_on(&mut self.lane_conn(rkey), lua, rkey, args).await
-    }
-
-    /// `Store::begin` on one lane.
-    async fn begin_on(&self, lane: usize, req: &BeginRequest<'_>) -> Result<Claim, StoreError> {
-        let mut rkey = self.redis_key(req.key);
-        // Not with the durability guard: a replay waits for the replicas (see below), and a
-        // `GET` writes nothing a `WAIT` could count.
-        if self.shared.durable.is_none() && self.shared.replays.likely() {
-            // After a run of replays: a `GET` first, answered only by a completed record.
-            let mut conn = self.shared.lanes[lane].conn.clone();
-            let read: Value = redis::cmd("GET")
-                .arg(&rkey)
-                .query_async(&mut conn)
-                .await
-                .map_err(map_err)?;
-            match read {
-                Value::BulkString(bytes) if replays::completed(&bytes) => {
-                    return claim_of(req, Value::BulkString(bytes));
-                }
-                _ => {}
-            }
-        }
-        let fingerprint = req.fingerprint.map(|f| f.to_bytes());
-        let _lead = if self.shared.coalesce {
-            let mut queued = None;
-            let lead = self.shared.lanes[lane].begins.enter(|| {
-                let (reply, answer) = tokio::sync::oneshot::channel();
-                queued = Some(answer);
-                BeginJob {
-                    // Queued, this call needs the key no more: moved, not copied.
-                    rkey: std::mem::take(&mut rkey),
-                    owner: req.owner.as_u128(),
-                    fingerprint,
-                    lease_ms: ms(req.lease),
-                    holder: req.holder.cloned(),
-                    reply,
-                }
-            });
-            match lead {
-                Entered::Lead => Some(Lead {
-                    store: self,
-                    kind: Kind::Begin,
-                    lane,
-                }),
-                Entered::Queued { spawn_flush } => {
-                    if spawn_flush {
-                        coalesce::spawn_flush(self, Kind::Begin, lane);
-                    }
-                    let answer = queued.expect("queued");
-                    return claim_of(req, coalesce::wait(answer).await?);
-                }
-            }
-        } else {
-            None
-        };
-        let script = match self.shared.durable {
-            None => &scripts::BEGIN,
-            Some(_) => &scripts::BEGIN_GUARDED,
-        };
-        let (reply, acked) = self
-            .eval_guarded(
-                lane,
-                script,
-                &rkey,
-                |cmd| {
-                    let parts = Parts {
-                        owner: req.owner.as_u128(),
-                        fingerprint: fingerprint.as_ref(),
-                        holder: req.holder.map(|h| (&**h, ms(req.lease))),
-                    };
-                    cmd.arg(Head(&parts)).arg(ms(req.lease)).arg(Rest(&parts));
-                },
-                // A reservation, or a completed record (whose expiry the guarded script
-                // wrote again): replicas must have it.
-                |reply| matches!(reply, Value::Int(1..) | Value::BulkString(_)),
-            )
-            .await?;
-        // A replay the replicas did not acknowledge: its value, called unconfirmed.
-        let unconfirmed = matches!(reply, Value::BulkString(_)) && acked.is_err();
-        if let (Value::Int(fencing @ 1..), Err(e)) = (&reply, acked) {
-            // Not durable: give the key back, so that nobody waits for a reservation whose
-            // caller is told nothing ran (best effort: if this fails too, the lease expires).
-            let lease = Ownership::new(req.owner, FencingToken::new(*fencing as u64));
-            if let Err(release) = self.release(req.key, &lease).await {
-                tracing::warn!(key = %req.key, error = %release,
-                    "releasing an unacknowledged reservation failed; it expires with its lease");
-            }
-            return Err(e);
-        }
-        match claim_of(req, reply)? {
-            Claim::Replay(replay) if unconfirmed => Ok(Claim::Replay(replay.with_confirmed(false))),
-            claim => Ok(claim),
-        }
-    }
-
-    /// A script that writes, then the durability guard's `WAIT` if `needs_wait` says the
-    /// reply wrote something, both on one connection of their own (see `durable`). Without
-    /// the guard, the script alone on `lane`'s connection.
-    async fn eval_guarded(
-        &self,
-        lane: usize,
-        lua: &scripts::Lua,
-        rkey: &str,
-        args: impl FnOnce(&mut Cmd),
-        needs_wait: impl FnOnce(&Value) -> bool,
-    ) -> Result<(Value, Result<(), StoreError>), StoreError> {
-        match &self.shared.durable {
-            None => {
-                let mut conn = self.shared.lanes[lane].conn.clone();
-                Ok((eval_on(&mut conn, lua, rkey, args).await?, Ok(())))
-            }
-            // Boxed: the guarded path (a connection to open, a `WAIT`) would otherwise make
-            // every call's future larger, and futures are moved on every call.
-            Some(durable) => Box::pin(durable::eval(durable, lua, rkey, args, needs_wait)).await,
-        }
-    }
-}
-
-/// `EVALSHA` of `lua` on `rkey` with `args`: one round trip. After a server restart
-/// (`NOSCRIPT`) the script is loaded and the call sent again. Built as one command rather
-/// than through `Script::invoke_async`, which copies every argument twice.
-async fn eval_on<T: redis::FromRedisValue>(
-    conn: &mut Conn,
-    lua: &scripts::Lua,
-    rkey: &str,
-    args: impl FnOnce(&mut Cmd),
-) -> Result<T, StoreError> {
-    // Sized for the largest call (complete: the key, three arguments, one of them the
-    // result), so the argument buffer is rarely grown while writing.
-    let mut cmd = Cmd::with_capacity(10, 128 + 2 * rkey.len());
-    cmd.arg("EVALSHA")
-        .arg(lua.script.get_hash())
-        .arg(1)
-        .arg(rkey);
-    args(&mut cmd);
-    query_loading(conn, &cmd, lua).await
-}
-
-/// Sends `cmd`, an `EVALSHA` of `lua`; after a server restart (`NOSCRIPT`) loads the script
-/// and sends it again.
-async fn query_loading<T: redis::FromRedisValue>(
-    conn: &mut Conn,
-    cmd: &Cmd,
-    lua: &scripts::Lua,
-) -> Result<T, StoreError> {
-    match cmd.query_async(conn).await {
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            tracing::debug!("script not in the server's cache (restarted?): loading it");
-            // Perhaps another server (a failover): ask again what it has.
-            plain::reloaded();
-            // On a Cluster redis-rs sends SCRIPT LOAD to every primary.
-            redis::cmd("SCRIPT")
-                .arg("LOAD")
-                .arg(&lua.source)
-                .query_async::<String>(conn)
-                .await
-                .map_err(map_err)?;
-            cmd.query_async(conn).await.map_err(map_err)
-        }
-        other => other.map_err(map_err),
-    }
 }
 
 impl Store for RedisStore {
@@ -570,76 +398,7 @@ impl Store for RedisStore {
             }
             return claims;
         }
-        let rkeys: Vec<String> = reqs.iter().map(|r| self.redis_key(r.key)).collect();
-        // One script call per slot (a single server has one group); the groups run
-        // concurrently on a Cluster.
-        let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
-        for (i, k) in rkeys.iter().enumerate() {
-            let slot = match self.conn {
-                Conn::Cluster(_) => keys::slot(k),
-                _ => 0,
-            };
-            match groups.iter_mut().find(|(s, _)| *s == slot) {
-                Some((_, members)) => members.push(i),
-                None => groups.push((slot, vec![i])),
-            }
-        }
-        let calls = groups.iter().map(|(_, members)| {
-            let (rkeys, mut conn) = (&rkeys, self.conn.clone());
-            async move {
-                let lease = reqs[members[0]].lease;
-                let mut cmd = Cmd::new();
-                cmd.arg("EVALSHA")
-                    .arg(scripts::BEGIN_MANY.script.get_hash())
-                    .arg(members.len());
-                for &i in members {
-                    cmd.arg(&rkeys[i]);
-                }
-                let fingerprints: Vec<_> = members
-                    .iter()
-                    .map(|&i| reqs[i].fingerprint.map(|f| f.to_bytes()))
-                    .collect();
-                let parts: Vec<Parts<'_>> = members
-                    .iter()
-                    .zip(&fingerprints)
-                    .map(|(&i, f)| Parts {
-                        owner: reqs[i].owner.as_u128(),
-                        fingerprint: f.as_ref(),
-                        holder: reqs[i].holder.map(|h| (&**h, ms(lease))),
-                    })
-                    .collect();
-                scripts::begin_many_args(&mut cmd, ms(lease), &parts);
-                query_loading(&mut conn, &cmd, &scripts::BEGIN_MANY).await
-            }
-        });
-        let replies = futures_util::future::join_all(calls).await;
-        let mut claims: Vec<Option<Result<Claim, StoreError>>> =
-            (0..reqs.len()).map(|_| None).collect();
-        for ((_, members), reply) in groups.iter().zip(replies) {
-            match reply {
-                Ok(Value::Array(items)) if items.len() == members.len() => {
-                    for (&i, item) in members.iter().zip(items) {
-                        claims[i] = Some(claim_of(&reqs[i], item));
-                    }
-                }
-                Ok(other) => {
-                    for &i in members {
-                        claims[i] = Some(Err(unexpected(Some(&other))));
-                    }
-                }
-                Err(e) => {
-                    // One error for the group: each key gets one of its kind, with its text.
-                    let (kind, text) = (e.kind(), e.to_string());
-                    for &i in members {
-                        claims[i] = Some(Err(StoreError::new(kind, text.clone())));
-                    }
-                }
-            }
-        }
-        claims
-            .into_iter()
-            .map(|c| c.unwrap_or_else(|| Err(StoreError::corrupt("no reply for a key"))))
-            .collect()
+        self.begin_grouped(reqs).await
     }
 
     async fn renew(
@@ -690,97 +449,7 @@ impl Store for RedisStore {
                 "a result of 4 GiB or more cannot be stored",
             ));
         }
-        let mut rkey = self.redis_key(key);
-        let lane = self.lane(&rkey);
-        let reserved = completion.reservation.as_ref();
-        let _lead = if self.shared.coalesce {
-            let mut queued = None;
-            let lead = self.shared.lanes[lane].completes.enter(|| {
-                let (reply, answer) = tokio::sync::oneshot::channel();
-                queued = Some(answer);
-                CompleteJob {
-                    rkey: std::mem::take(&mut rkey),
-                    owner: lease.owner.as_u128(),
-                    fencing: lease.fencing.get(),
-                    ttl_ms: ms(completion.ttl),
-                    kind: completion.kind,
-                    bytes: completion.bytes.clone(),
-                    fingerprint: reserved.and_then(|r| r.fingerprint).map(|f| f.to_bytes()),
-                    holder: reserved.and_then(|r| Some((r.holder.clone()?, ms(r.lease)))),
-                    known: reserved.is_some() && self.shared.durable.is_none(),
-                    reply,
-                }
-            });
-            match lead {
-                Entered::Lead => Some(Lead {
-                    store: self,
-                    kind: Kind::Complete,
-                    lane,
-                }),
-                Entered::Queued { spawn_flush } => {
-                    if spawn_flush {
-                        coalesce::spawn_flush(self, Kind::Complete, lane);
-                    }
-                    let answer = queued.expect("queued");
-                    return owner_checked(int(Some(&coalesce::wait(answer).await?))?);
-                }
-            }
-        } else {
-            None
-        };
-        if let (Some(r), None) = (reserved, &self.shared.durable) {
-            // The reservation known byte for byte: one plain `SET … IFEQ` where the server
-            // has it; the script only if that wrote nothing (see `plain`).
-            let mut conn = self.shared.lanes[lane].conn.clone();
-            if self
-                .shared
-                .caps
-                .ifeq(&mut conn, &self.shared.prefix)
-                .await?
-            {
-                let fingerprint = r.fingerprint.map(|f| f.to_bytes());
-                let parts = Parts {
-                    owner: lease.owner.as_u128(),
-                    fingerprint: fingerprint.as_ref(),
-                    holder: r.holder.as_ref().map(|h| (&**h, ms(r.lease))),
-                };
-                let done = plain::Completion {
-                    fencing: lease.fencing.get(),
-                    kind: completion.kind,
-                    bytes: &completion.bytes,
-                    ttl_ms: ms(completion.ttl),
-                };
-                if plain::complete(&self.shared.caps, &mut conn, &rkey, &parts, &done).await? {
-                    return Ok(());
-                }
-            }
-        }
-        let (reply, acked) = self
-            .eval_guarded(
-                lane,
-                self.complete_script(),
-                &rkey,
-                |cmd| {
-                    let fingerprint = reserved.and_then(|r| r.fingerprint).map(|f| f.to_bytes());
-                    let parts = Parts {
-                        owner: lease.owner.as_u128(),
-                        fingerprint: fingerprint.as_ref(),
-                        holder: reserved.and_then(|r| Some((&**r.holder.as_ref()?, ms(r.lease)))),
-                    };
-                    cmd.arg(ms(completion.ttl))
-                        .arg(Mine(&parts, lease.fencing.get()))
-                        .arg(Done {
-                            parts: &parts,
-                            fencing: lease.fencing.get(),
-                            kind: completion.kind,
-                            bytes: &completion.bytes,
-                        });
-                },
-                |reply| matches!(reply, Value::Int(1)),
-            )
-            .await?;
-        owner_checked(int(Some(&reply))?)?;
-        acked
+        self.complete_on(key, lease, completion).await
     }
 
     async fn release(&self, key: &StorageKey, lease: &Ownership) -> Result<(), StoreError> {

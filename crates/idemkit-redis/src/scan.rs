@@ -8,10 +8,11 @@ use idemkit_core::{FencingToken, Operation, Record, StorageKey, StoreError, Stor
 use redis::Value;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 
+use crate::RedisStore;
 use crate::conn::Conn;
 use crate::errors::{decode, int, is_tombstone, map_err, unexpected};
+use crate::scripts::eval_on;
 use crate::scripts::{self, clear_watched};
-use crate::{RedisStore, eval_on};
 
 /// The record a `GET` returned, with its expiry from `PTTL` and Redis' clock: `None` for a
 /// release tombstone; `Corrupt` for bytes that are not a record of ours.

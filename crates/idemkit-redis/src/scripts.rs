@@ -3,8 +3,12 @@
 use std::sync::LazyLock;
 
 use idemkit_core::record::Holder;
-use idemkit_core::{Ownership, ResultKind};
-use redis::{RedisWrite, Script, ToRedisArgs};
+use idemkit_core::{Ownership, ResultKind, StoreError};
+use redis::{Cmd, RedisWrite, Script, ToRedisArgs};
+
+use crate::conn::Conn;
+use crate::errors::map_err;
+use crate::plain;
 
 /// One of our Lua scripts: its SHA for `EVALSHA`, and its source for `SCRIPT LOAD` when the
 /// server does not know it (after a restart).
@@ -254,5 +258,50 @@ pub(crate) fn complete_many_args<'a>(
             kind,
             bytes,
         });
+    }
+}
+
+/// `EVALSHA` of `lua` on `rkey` with `args`: one round trip. After a server restart
+/// (`NOSCRIPT`) the script is loaded and the call sent again. Built as one command rather
+/// than through `Script::invoke_async`, which copies every argument twice.
+pub(crate) async fn eval_on<T: redis::FromRedisValue>(
+    conn: &mut Conn,
+    lua: &Lua,
+    rkey: &str,
+    args: impl FnOnce(&mut Cmd),
+) -> Result<T, StoreError> {
+    // Sized for the largest call (complete: the key, three arguments, one of them the
+    // result), so the argument buffer is rarely grown while writing.
+    let mut cmd = Cmd::with_capacity(10, 128 + 2 * rkey.len());
+    cmd.arg("EVALSHA")
+        .arg(lua.script.get_hash())
+        .arg(1)
+        .arg(rkey);
+    args(&mut cmd);
+    query_loading(conn, &cmd, lua).await
+}
+
+/// Sends `cmd`, an `EVALSHA` of `lua`; after a server restart (`NOSCRIPT`) loads the script
+/// and sends it again.
+pub(crate) async fn query_loading<T: redis::FromRedisValue>(
+    conn: &mut Conn,
+    cmd: &Cmd,
+    lua: &Lua,
+) -> Result<T, StoreError> {
+    match cmd.query_async(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            tracing::debug!("script not in the server's cache (restarted?): loading it");
+            // Perhaps another server (a failover): ask again what it has.
+            plain::reloaded();
+            // On a Cluster redis-rs sends SCRIPT LOAD to every primary.
+            redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(&lua.source)
+                .query_async::<String>(conn)
+                .await
+                .map_err(map_err)?;
+            cmd.query_async(conn).await.map_err(map_err)
+        }
+        other => other.map_err(map_err),
     }
 }
