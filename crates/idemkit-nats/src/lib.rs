@@ -240,20 +240,9 @@ where
                 Some(Ok(m)) => {
                     let shared = shared.clone();
                     tasks.spawn(async move {
-                        // The slot goes with the handler's value; if none comes (a failure
-                        // retried in place, a replay), with the message's settlement: a
-                        // retry runs in the slot of its first try (review L5: the slot went
-                        // with the first try's end, and retries ran beside the handlers
-                        // that took it, up to four per slot).
-                        let slot = std::sync::Mutex::new(Some(slot));
-                        let give_back = || {
-                            drop(
-                                slot.lock()
-                                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                                    .take(),
-                            );
-                        };
-                        handle(&shared, m, give_back).await;
+                        // The slot goes with the handler's value, or with the settlement.
+                        let slot = idemkit_runner::HandlerSlot::new(slot);
+                        handle(&shared, m, || slot.give_back()).await;
                         drop(slot);
                         drop(place);
                     });

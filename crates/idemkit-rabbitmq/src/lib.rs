@@ -384,17 +384,9 @@ where
                         let (message, acker) = Message::split(delivery);
                         let (shared, session) = (shared.clone(), session.clone());
                         tasks.spawn(async move {
-                            // The slot goes with the handler's value; if none comes (a
-                            // failure retried in place, a replay), with the settlement.
-                            let slot = std::sync::Mutex::new(Some(slot));
-                            let give_back = || {
-                                drop(
-                                    slot.lock()
-                                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                                        .take(),
-                                );
-                            };
-                            handle(&shared, &session, message, acker, give_back).await;
+                            // The slot goes with the handler's value, or with the settlement.
+                            let slot = idemkit_runner::HandlerSlot::new(slot);
+                            handle(&shared, &session, message, acker, || slot.give_back()).await;
                             drop(slot);
                         });
                     }

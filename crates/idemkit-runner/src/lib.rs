@@ -74,9 +74,11 @@ mod handle;
 mod processor;
 mod settle;
 mod settlement;
+mod slot;
 mod unwind;
 
 pub use handle::Handle;
 pub use processor::{Processed, Processor, ProcessorBuilder};
 pub use settle::{Final, Settled, Settler, Transport};
 pub use settlement::{RetryPolicy, Settlement};
+pub use slot::HandlerSlot;
