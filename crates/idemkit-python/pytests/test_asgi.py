@@ -340,6 +340,122 @@ async def test_a_response_too_large_to_store_replays_as_done_with_a_stable_probl
     assert "20000 bytes" in body["detail"] and len(runs) == 1
 
 
+async def test_sizes_count_the_kept_headers_and_stay_within_the_coordinators_limit():
+    """Review L5 (of ``e047556``), as the Rust layer: (1) the kept headers count against
+    ``max_result_bytes``: a body that fits alone, with a large kept header, is kept as too
+    large; (2) the middleware stores nothing larger than its coordinator does: with
+    ``max_result_bytes=4 MiB`` over a coordinator of 1 MiB, a 2 MiB response replays as
+    ``result-unavailable`` under its status (before: the core stored it as unavailable and the
+    retry got 500), and a coordinator made with ``max_result_bytes`` keeps it whole."""
+    runs = []
+
+    def sized_app():
+        app = FastAPI()
+
+        @app.post("/sized")
+        async def sized(request: Request) -> Response:
+            runs.append(1)
+            size, header = int(request.query_params["size"]), int(request.query_params["header"])
+            return Response(
+                b"x" * size,
+                status_code=201,
+                media_type="application/octet-stream",
+                headers={"location": "/" + "l" * header},
+            )
+
+        return app
+
+    async def twice(coordinator, limit, size, header, key):
+        async with serve(protect(sized_app(), coordinator, max_result_bytes=limit)) as client:
+            h = {"x-tenant": "t", "idempotency-key": f'"{key}"'}
+            url = f"/sized?size={size}&header={header}"
+            first = await client.post(url, content=b"", headers=h)
+            retry = await client.post(url, content=b"", headers=h)
+        assert first.status_code == 201 and len(first.content) == size
+        assert retry.headers["idempotent-replayed"] == "true", retry.text[:200]
+        return retry
+
+    # 60 KiB of body fits 64 KiB less the headroom alone; with an 8 KiB kept header, not.
+    retry = await twice(None, 64 << 10, 60 << 10, 8 << 10, "headers")
+    assert retry.status_code == 201
+    problem(retry, "result-unavailable")
+    retry = await twice(None, 64 << 10, 60 << 10, 10, "small-header")
+    assert retry.status_code == 201 and len(retry.content) == 60 << 10
+    # The coordinator's limit (1 MiB by default) bounds the middleware's 4 MiB.
+    retry = await twice(idemkit.Coordinator(idemkit.MemoryStore()), 4 << 20, 2 << 20, 10, "core")
+    assert retry.status_code == 201, retry.text[:200]
+    problem(retry, "result-unavailable")
+    roomy = idemkit.Coordinator(idemkit.MemoryStore(), max_result_bytes=4 << 20)
+    retry = await twice(roomy, 4 << 20, 2 << 20, 10, "roomy")
+    assert retry.status_code == 201 and len(retry.content) == 2 << 20
+    assert len(runs) == 4
+
+
+async def test_a_waiting_retry_whose_client_left_does_not_run_the_handler():
+    """Review L6 (of ``e047556``), as the Rust layer: a retry waits on the first request,
+    whose response is then not final (the key is released); the retry's client left while it
+    waited, so its handler must not run for nobody.
+
+    Before: the waiting call took the released key and ran the handler (two runs)."""
+    import logging
+    import threading
+
+    release, runs = asyncio.Event(), []
+    app = FastAPI()
+
+    @app.post("/once")
+    async def once() -> Response:
+        runs.append(1)
+        if len(runs) == 1:
+            await release.wait()
+            return JSONResponse({"busy": True}, status_code=409)
+        return JSONResponse({"ran": len(runs)}, status_code=201)
+
+    left = threading.Event()
+
+    class Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "left while its request waited" in record.getMessage():
+                left.set()
+
+    seen, asgi_log = Seen(), logging.getLogger("idemkit.asgi")
+    asgi_log.addHandler(seen)
+    old_level = asgi_log.level
+    asgi_log.setLevel(logging.DEBUG)
+    try:
+        async with serve(protect(app)) as client:
+            h = {"x-tenant": "t", "idempotency-key": '"waiting"'}
+            first = asyncio.ensure_future(client.post("/once", content=b"", headers=h))
+            while not runs:
+                await asyncio.sleep(0.01)
+            port = int(str(client.base_url).rsplit(":", 1)[1].rstrip("/"))
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(
+                b"POST /once HTTP/1.1\r\nhost: 127.0.0.1\r\nx-tenant: t\r\n"
+                b'idempotency-key: "waiting"\r\ncontent-length: 0\r\n\r\n'
+            )
+            await writer.drain()
+            writer.close()
+            try:
+                # Until the middleware has seen the retry's client leave (a condition polled).
+                for _ in range(1000):
+                    if left.is_set():
+                        break
+                    await asyncio.sleep(0.01)
+                assert left.is_set(), "the middleware never saw the waiting client leave"
+            finally:
+                # Also on a failure: the first handler would hold the server's shutdown.
+                release.set()
+            assert (await first).status_code == 409
+            # The key is free again: a third request runs (the second never did).
+            third = await client.post("/once", content=b"", headers=h)
+            assert third.json() == {"ran": 2}, third.text
+    finally:
+        asgi_log.removeHandler(seen)
+        asgi_log.setLevel(old_level)
+    assert len(runs) == 2
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

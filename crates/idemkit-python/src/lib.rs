@@ -286,7 +286,8 @@ struct Coordinator {
 #[pymethods]
 impl Coordinator {
     #[new]
-    #[pyo3(signature = (store, *, lease=None, wait_timeout=None, fail_open=false, holder_name=None, on_cancel="keep"))]
+    #[pyo3(signature = (store, *, lease=None, wait_timeout=None, fail_open=false, holder_name=None, on_cancel="keep", max_result_bytes=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         store: &Store,
         lease: Option<f64>,
@@ -294,8 +295,12 @@ impl Coordinator {
         fail_open: bool,
         holder_name: Option<String>,
         on_cancel: &str,
+        max_result_bytes: Option<usize>,
     ) -> PyResult<Self> {
         let mut policy = Policy::default().on_cancel(on_cancel_of(on_cancel)?);
+        if let Some(max) = max_result_bytes {
+            policy = policy.max_result_bytes(max);
+        }
         if let Some(lease) = lease {
             policy = policy.lease(seconds("lease", lease)?);
         }
@@ -323,6 +328,15 @@ impl Coordinator {
             Operation::new(operation).map_err(|e| raise(py, "InvalidKey", (e.to_string(),)))?;
         let lease = self.inner.policy_for(&operation).lease;
         Ok(idemkit_http::binding::client_pace(lease).as_secs_f64())
+    }
+
+    /// The largest stored result of `operation`'s calls, in bytes (`Policy::max_result_bytes`):
+    /// the ASGI middleware stores no larger response, so the core never turns one into an
+    /// unavailable result (review L5 of `e047556`).
+    fn result_limit(&self, py: Python<'_>, operation: &str) -> PyResult<usize> {
+        let operation = Operation::new(operation)
+            .map_err(|e| raise(py, "InvalidKey", (e.to_string(),)))?;
+        Ok(self.inner.policy_for(&operation).max_result_bytes)
     }
 
     /// Starts a call on the runtime and returns at once: `bridge` gets the call's first

@@ -206,6 +206,7 @@ class Coordinator:
         fail_open: bool = False,
         holder_name: str | None = None,
         on_cancel: OnCancel = "keep",
+        max_result_bytes: int | None = None,
     ) -> None:
         self.store = store
         self._native = _native.Coordinator(
@@ -215,6 +216,7 @@ class Coordinator:
             fail_open=fail_open,
             holder_name=holder_name,
             on_cancel=on_cancel,
+            max_result_bytes=max_result_bytes,
         )
         self.on_cancel = on_cancel
         self.abandoned_waits = 0

@@ -50,8 +50,10 @@ class Coordinator:
         fail_open: bool = False,
         holder_name: str | None = None,
         on_cancel: _OnCancel = "keep",
+        max_result_bytes: int | None = None,
     ) -> None: ...
     def client_pace(self, operation: str) -> float: ...
+    def result_limit(self, operation: str) -> int: ...
     def begin(
         self,
         bridge: Bridge,

@@ -147,7 +147,10 @@ class IdempotencyMiddleware:
         self.methods = frozenset(m.upper() for m in methods)
         self.required = required
         self.max_body_bytes = max_body_bytes
-        self.max_result_bytes = max_result_bytes
+        # No larger than what the coordinator stores (its `max_result_bytes`, 1 MiB by
+        # default): a larger response is kept as "too large" here, with its status, instead of
+        # being turned into an unavailable result by the core (review L5 of `e047556`).
+        self.max_result_bytes = min(max_result_bytes, coordinator._native.result_limit(operation))
         self.keep = keep
         self.chosen = [h.lower() for h in fingerprint_headers]
         self.fingerprint_authorization = fingerprint_authorization
@@ -207,11 +210,25 @@ class IdempotencyMiddleware:
         if self.cancel_with_client:
             await self._with_the_client(run, task, receive)
             return
+        # Until the handler starts, a client that leaves is noted (uvicorn says so through
+        # `receive`): a call that was waiting then does not run the handler for nobody.
+        watcher = asyncio.ensure_future(self._watch_until_started(run, receive))
         try:
             await asyncio.shield(task)
         except asyncio.CancelledError:
             run.client_gone = True
             raise
+        finally:
+            watcher.cancel()
+
+    async def _watch_until_started(self, run: _Run, receive: Receive) -> None:
+        while not run.ran:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                if not run.ran:
+                    run.client_gone = True
+                    logger.debug("the client left while its request waited; its handler will not run")
+                return
 
     async def _with_the_client(self, run: _Run, task: asyncio.Future[None], receive: Receive) -> None:
         """``cancel_with_client``: the call is cancelled when its client disconnects (the
@@ -499,7 +516,9 @@ class _Run:
             await self._send(self.held)
 
     async def _action(self, attempt: Any) -> bytes:
-        if self.mw.cancel_with_client and self.client_gone:
+        if self.client_gone:
+            # Its client left while the call waited (for an owner that then released the key):
+            # the handler does not run for nobody, as in the Rust layer (review L6 of `e047556`).
             raise _ClientGone()
         self.ran = True
         # Unprotected (a fail-open coordinator with the store down): nothing is stored, as said.
@@ -529,7 +548,12 @@ class _Run:
         self.mw._recent.append(time.monotonic() - began)
         if self.kept_size < 0:
             return _native.http_encode_omitted(status, self.size)
-        return _native.http_encode_response(status, headers, b"".join(self.kept), self.mw.keep)
+        stored = _native.http_encode_response(status, headers, b"".join(self.kept), self.mw.keep)
+        if len(stored) > self.mw.max_result_bytes:
+            # The kept headers count too, as in the Rust layer: too large with them, its status
+            # and size only.
+            return _native.http_encode_omitted(status, self.size)
+        return stored
 
     async def _app(self, scope: Scope, done: asyncio.Future[None]) -> None:
         assert self.head is not None
