@@ -334,8 +334,8 @@ impl Coordinator {
     /// the ASGI middleware stores no larger response, so the core never turns one into an
     /// unavailable result (review L5 of `e047556`).
     fn result_limit(&self, py: Python<'_>, operation: &str) -> PyResult<usize> {
-        let operation = Operation::new(operation)
-            .map_err(|e| raise(py, "InvalidKey", (e.to_string(),)))?;
+        let operation =
+            Operation::new(operation).map_err(|e| raise(py, "InvalidKey", (e.to_string(),)))?;
         Ok(self.inner.policy_for(&operation).max_result_bytes)
     }
 

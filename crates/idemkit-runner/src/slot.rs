@@ -9,7 +9,9 @@ use std::sync::{Mutex, PoisonError};
 
 use tokio::sync::OwnedSemaphorePermit;
 
-/// A handler slot held by one message; see the [module](self) docs.
+/// A handler slot held by one message: taken before the message is received, given back as
+/// soon as the handler's value is there, or at the latest with the message's settlement (a
+/// retry in place runs in the slot of its first try).
 ///
 /// # Example
 ///
