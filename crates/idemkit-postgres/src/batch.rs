@@ -64,6 +64,9 @@ impl Job for CompleteJob {
     fn abandoned(&self) -> bool {
         self.reply.is_closed()
     }
+    fn size(&self) -> usize {
+        self.bytes.len()
+    }
 }
 
 /// A kind of queued call: its lane, and the statement its batch goes out as.

@@ -24,6 +24,12 @@ use tokio::sync::oneshot;
 /// the default pool's callers; a queue longer than this goes out in several statements.
 pub(crate) const MAX_BATCH: usize = 64;
 
+/// The most result bytes in one statement (review L1 of `e047556`): a batch's results go as
+/// one `bytea[]` parameter, a single datum, which PostgreSQL caps at 1 GB; and one huge
+/// statement holds its connection and its callers while it is sent. A call whose own result
+/// is over this goes in a batch of its own.
+pub(crate) const MAX_BATCH_BYTES: usize = 16 << 20;
+
 /// The most statements of one kind running at once (a lone call or a batch each). Two: one
 /// batch fills while the other runs, and `begin`s and `complete`s together keep four of the
 /// pool's connections busy at most, leaving the rest to waits, renewals and the caller's
@@ -34,6 +40,10 @@ pub(crate) const MAX_IN_FLIGHT: usize = 2;
 pub(crate) trait Job: Send + 'static {
     fn key(&self) -> &str;
     fn abandoned(&self) -> bool;
+    /// The bytes it adds to a statement beyond its key (a completion's result).
+    fn size(&self) -> usize {
+        0
+    }
 }
 
 /// What a queued call is answered: its own statement's outcome, or `Alone` (send it on its
@@ -110,8 +120,12 @@ impl<J: Job> Lane<J> {
         }
         let mut batch: Vec<J> = Vec::with_capacity(state.queue.len().min(MAX_BATCH));
         let mut rest = Vec::new();
+        let mut bytes = 0;
         for job in state.queue.drain(..) {
-            if batch.len() < MAX_BATCH && !batch.iter().any(|b| b.key() == job.key()) {
+            // By keys and by bytes; a job over the byte bound alone still goes (on its own).
+            let fits = batch.is_empty() || bytes + job.size() <= MAX_BATCH_BYTES;
+            if batch.len() < MAX_BATCH && fits && !batch.iter().any(|b| b.key() == job.key()) {
+                bytes += job.size();
                 batch.push(job);
             } else {
                 rest.push(job);
@@ -150,6 +164,7 @@ mod tests {
 
     struct TestJob {
         key: &'static str,
+        size: usize,
         reply: Responder<()>,
     }
 
@@ -160,10 +175,17 @@ mod tests {
         fn abandoned(&self) -> bool {
             self.reply.is_closed()
         }
+        fn size(&self) -> usize {
+            self.size
+        }
     }
 
     fn queue(lane: &Lane<TestJob>, key: &'static str) -> Answer<()> {
-        match lane.enter(|reply| TestJob { key, reply }) {
+        queue_sized(lane, key, 0)
+    }
+
+    fn queue_sized(lane: &Lane<TestJob>, key: &'static str, size: usize) -> Answer<()> {
+        match lane.enter(|reply| TestJob { key, size, reply }) {
             Entered::Queued(rx) => rx,
             Entered::Alone => panic!("{key} went alone"),
         }
@@ -174,7 +196,11 @@ mod tests {
         let lane = Lane::<TestJob>::default();
         for _ in 0..MAX_IN_FLIGHT {
             assert!(matches!(
-                lane.enter(|reply| TestJob { key: "a", reply }),
+                lane.enter(|reply| TestJob {
+                    key: "a",
+                    size: 0,
+                    reply
+                }),
                 Entered::Alone
             ));
         }
@@ -194,7 +220,11 @@ mod tests {
         assert!(lane.next().is_none());
         assert_eq!(lane.queued(), (0, 0));
         assert!(matches!(
-            lane.enter(|reply| TestJob { key: "d", reply }),
+            lane.enter(|reply| TestJob {
+                key: "d",
+                size: 0,
+                reply
+            }),
             Entered::Alone
         ));
     }
@@ -203,7 +233,11 @@ mod tests {
     fn a_queue_longer_than_a_batch_goes_out_in_several() {
         let lane = Lane::<TestJob>::default();
         for _ in 0..MAX_IN_FLIGHT {
-            let _ = lane.enter(|reply| TestJob { key: "x", reply });
+            let _ = lane.enter(|reply| TestJob {
+                key: "x",
+                size: 0,
+                reply,
+            });
         }
         let keys: Vec<&'static str> = (0..MAX_BATCH + 3)
             .map(|i| &*Box::leak(format!("k{i:03}").into_boxed_str()))
@@ -213,11 +247,52 @@ mod tests {
         assert_eq!(lane.next().map(|b| b.len()), Some(3));
     }
 
+    /// Review L1 (of `e047556`): batches are bounded by bytes too (a batch's results are one
+    /// datum, capped at 1 GB by PostgreSQL), and a job over the bound alone goes on its own.
+    /// Before: one batch of all six, 48 MiB of results.
+    #[test]
+    fn a_queue_over_the_byte_bound_goes_out_in_several_and_a_huge_job_alone() {
+        let lane = Lane::<TestJob>::default();
+        for _ in 0..MAX_IN_FLIGHT {
+            let _ = lane.enter(|reply| TestJob {
+                key: "x",
+                size: 0,
+                reply,
+            });
+        }
+        let mb = 1 << 20;
+        let _answers: Vec<_> = [
+            ("a", 6 * mb),
+            ("b", 6 * mb),
+            ("c", 6 * mb),
+            ("d", 20 * mb),
+            ("e", 5 * mb),
+            ("f", 5 * mb),
+        ]
+        .into_iter()
+        .map(|(k, size)| queue_sized(&lane, k, size))
+        .collect();
+        let keys = |b: Vec<TestJob>| b.iter().map(|j| j.key).collect::<Vec<_>>();
+        // 6 + 6 fit 16 MiB, the third 6 does not; 5 and 5 follow the first two in the bound.
+        assert_eq!(lane.next().map(keys), Some(vec!["a", "b"]));
+        assert_eq!(lane.next().map(keys), Some(vec!["c", "e", "f"]));
+        assert_eq!(
+            lane.next().map(keys),
+            Some(vec!["d"]),
+            "the huge one on its own"
+        );
+        assert!(lane.next().is_none());
+    }
+
     #[test]
     fn abandoning_answers_the_queue_and_frees_the_slot() {
         let lane = Lane::<TestJob>::default();
         for _ in 0..MAX_IN_FLIGHT {
-            let _ = lane.enter(|reply| TestJob { key: "x", reply });
+            let _ = lane.enter(|reply| TestJob {
+                key: "x",
+                size: 0,
+                reply,
+            });
         }
         let mut rx = queue(&lane, "y");
         lane.abandon();
