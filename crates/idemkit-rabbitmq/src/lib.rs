@@ -344,6 +344,8 @@ where
         tokio::pin!(shutdown);
         let mut first = true;
         let mut backoff = RECONNECT_FIRST;
+        // The last session opened, closed with a handshake at shutdown (below).
+        let mut last: Option<Arc<Session>> = None;
         'connect: loop {
             let opened = tokio::select! {
                 biased;
@@ -368,6 +370,7 @@ where
             first = false;
             backoff = RECONNECT_FIRST;
             let session = Arc::new(session);
+            last = Some(session.clone());
             loop {
                 let slot = tokio::select! {
                     biased;
@@ -420,6 +423,16 @@ where
         // finish, settle and ack on their own channel, which then closes.
         shared.stopping.store(true, Ordering::SeqCst);
         while tasks.join_next().await.is_some() {}
+        // Closed with the protocol's handshake before `run` returns: the broker has then
+        // processed every ack sent before the close. Dropped instead, a process that exits
+        // right after `run` could lose acks still in the client's buffers, and their
+        // messages would be delivered again.
+        if let Some(session) = last {
+            let _ = session
+                .connection
+                .close(200, "idemkit runner shut down".to_string().into())
+                .await;
+        }
         Ok(())
     }
 }
