@@ -428,14 +428,7 @@ async def test_a_waiting_retry_whose_client_left_does_not_run_the_handler():
             first = asyncio.ensure_future(client.post("/once", content=b"", headers=h))
             while not runs:
                 await asyncio.sleep(0.01)
-            port = int(str(client.base_url).rsplit(":", 1)[1].rstrip("/"))
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(
-                b"POST /once HTTP/1.1\r\nhost: 127.0.0.1\r\nx-tenant: t\r\n"
-                b'idempotency-key: "waiting"\r\ncontent-length: 0\r\n\r\n'
-            )
-            await writer.drain()
-            writer.close()
+            (await raw_post(client, "/once", '"waiting"', b"")).close()
             try:
                 # Until the middleware has seen the retry's client leave (a condition polled).
                 for _ in range(1000):
@@ -535,6 +528,20 @@ async def test_a_client_that_leaves_mid_stream_retries_into_the_whole_response()
     assert len(runs) == 1
 
 
+async def raw_post(client, path: str, key: str, body: bytes) -> asyncio.StreamWriter:
+    """A request sent on a socket of the test's own, whose answer nobody reads: a client that
+    stops reading, or that leaves (close the writer it returns)."""
+    port = int(str(client.base_url).rsplit(":", 1)[1].rstrip("/"))
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nx-tenant: t\r\n"
+        f"idempotency-key: {key}\r\ncontent-length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    await writer.drain()
+    return writer
+
+
 async def test_a_client_that_stops_reading_does_not_hold_the_call():
     """Review M5 (of ``e047556``): the first client sends its request and never reads. The
     handler's 32 MiB stream must not wait on it: each frame waits at most the middleware's
@@ -559,13 +566,7 @@ async def test_a_client_that_stops_reading_does_not_hold_the_call():
 
     coordinator = idemkit.Coordinator(idemkit.MemoryStore(), lease=0.3)
     async with serve(protect(app, coordinator)) as client:
-        port = int(str(client.base_url).rsplit(":", 1)[1].rstrip("/"))
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(
-            b"POST /download HTTP/1.1\r\nhost: 127.0.0.1\r\nx-tenant: t\r\n"
-            b'idempotency-key: "slow"\r\ncontent-length: 1\r\n\r\nx'
-        )
-        await writer.drain()
+        writer = await raw_post(client, "/download", '"slow"', b"x")
         try:
             # Never read from here on.
             await asyncio.wait_for(finished.wait(), 30)
