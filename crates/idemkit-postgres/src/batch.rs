@@ -1,19 +1,60 @@
-//! The store's side of coalescing (coalesce.rs has the queues): the queued calls, the
-//! statements a batch sends, and the task that sends them.
+//! Coalescing concurrent `begin`s (and `complete`s) into one statement each; the queue is
+//! `idemkit_coalesce`'s, the one coalescer of every store, and this is the store's side:
+//! the queued calls and the statements a batch sends.
+//!
+//! A miss costs PostgreSQL two committed statements, and under load most of a statement's
+//! cost is its own (parse, plan, the commit's WAL flush), not the key's. So while two
+//! statements of one kind are running, a new call queues, and the queue goes out as one
+//! statement (`begin_many`, `complete_many`: one commit for many keys). A call that finds a
+//! place free and nobody queued is sent at once, on its own, as without coalescing: nothing
+//! waits at concurrency 1.
+//!
+//! A batch holds each key once (a statement cannot reserve or complete one row twice); a
+//! second call for a key waits for the next batch, so two concurrent duplicates are answered
+//! as two calls one after the other. A queued call whose caller has gone (its future
+//! dropped, say by a timeout) is dropped before it is sent, so nothing is reserved for
+//! nobody. Rows are written in key order by both statements, as by every batch of this
+//! store: two batches never wait on each other's rows in opposite orders. A batch
+//! statement's lock waits are bounded (`BATCH_LOCK_TIMEOUT`, sql.rs): a locked row sends
+//! the batch's calls alone, so only the locked key's own call waits for it.
 
 use bytes::Bytes;
-use idemkit_core::StoreError;
+use idemkit_coalesce::{Job, Lane, Limits, Reply, Sender, copies};
 use sqlx::Row as _;
 use sqlx::postgres::PgRow;
 
-use crate::coalesce::{Job, Lane, Reply, Responder};
 use crate::store::PgStore;
 
+/// How a lane batches. At most 64 keys a statement: one commit serves a whole burst of the
+/// default pool's callers, and a longer queue goes out in several. At most 16 MiB of results
+/// (review L1 of `e047556`): a batch's results go as one `bytea[]` parameter, a single datum,
+/// which PostgreSQL caps at 1 GB, and one huge statement holds its connection and its
+/// callers while it is sent; a call whose own result is over this goes in a batch of its
+/// own. At most two statements of one kind running at once (a lone call or a batch each),
+/// and two may go alone: one batch fills while the other runs, and `begin`s and `complete`s
+/// together keep four of the pool's connections busy at most, leaving the rest to waits,
+/// renewals and the caller's own transactions. Each key once, in key order.
+pub(crate) const LIMITS: Limits = Limits::new(64, 2)
+    .max_bytes(16 << 20)
+    .alone(2)
+    .each_key_once();
+
+type Responder<T> = idemkit_coalesce::Responder<Reply<T>>;
+
 /// The two lanes of one store.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Lanes {
     pub(crate) begin: Lane<BeginJob>,
     pub(crate) complete: Lane<CompleteJob>,
+}
+
+impl Default for Lanes {
+    fn default() -> Self {
+        Lanes {
+            begin: Lane::new(LIMITS),
+            complete: Lane::new(LIMITS),
+        }
+    }
 }
 
 /// A queued `begin`: its parameters, owned; answered with its row of `begin_many`.
@@ -69,68 +110,26 @@ impl Job for CompleteJob {
     }
 }
 
-/// A kind of queued call: its lane, and the statement its batch goes out as.
-trait Batch: Job + Sized {
-    fn lane(lanes: &Lanes) -> &Lane<Self>;
-    fn send(store: &PgStore, batch: Vec<Self>) -> impl Future<Output = ()> + Send;
-}
+/// The store as the coalescer sends on it: a batch of `begin`s is one `begin_many`
+/// statement, a batch of `complete`s one `complete_many`.
+#[derive(Clone)]
+pub(crate) struct Batches(pub(crate) PgStore);
 
-impl Batch for BeginJob {
-    fn lane(lanes: &Lanes) -> &Lane<Self> {
-        &lanes.begin
+impl Sender<BeginJob> for Batches {
+    fn lane(&self) -> &Lane<BeginJob> {
+        &self.0.lanes().begin
     }
-    fn send(store: &PgStore, batch: Vec<Self>) -> impl Future<Output = ()> + Send {
-        store.begin_batch(batch)
-    }
-}
-
-impl Batch for CompleteJob {
-    fn lane(lanes: &Lanes) -> &Lane<Self> {
-        &lanes.complete
-    }
-    fn send(store: &PgStore, batch: Vec<Self>) -> impl Future<Output = ()> + Send {
-        store.complete_batch(batch)
+    fn send(&self, batch: Vec<BeginJob>) -> impl Future<Output = ()> + Send {
+        self.0.begin_batch(batch)
     }
 }
 
-/// Which lane a slot belongs to.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Kind {
-    Begin,
-    Complete,
-}
-
-/// A slot taken by a call sent alone; dropping it (the call answered, or its caller gone)
-/// hands the slot to the calls queued meanwhile.
-pub(crate) struct Slot<'a> {
-    pub(crate) store: &'a PgStore,
-    pub(crate) kind: Kind,
-}
-
-impl Drop for Slot<'_> {
-    fn drop(&mut self) {
-        self.store.hand_over(self.kind);
+impl Sender<CompleteJob> for Batches {
+    fn lane(&self) -> &Lane<CompleteJob> {
+        &self.0.lanes().complete
     }
-}
-
-/// Frees the slot and fails the queue if the sending task ends early (it panicked, or the
-/// runtime shut down and dropped it): no queued caller waits for a batch that never comes.
-/// Built before the task is spawned and moved into it, so that a task dropped before its
-/// first poll (its runtime shut down, or a current-thread runtime dropped after `block_on`)
-/// frees the slot too. Built inside the task, an unpolled task kept its slot for ever, and
-/// two such leaks left the lane with no slot (review M1 of `e047556`, the wedge fixed in the
-/// Redis coalescer before).
-struct Abandon<J: Batch> {
-    store: PgStore,
-    armed: bool,
-    kind: std::marker::PhantomData<fn() -> J>,
-}
-
-impl<J: Batch> Drop for Abandon<J> {
-    fn drop(&mut self) {
-        if self.armed {
-            J::lane(self.store.lanes()).abandon();
-        }
+    fn send(&self, batch: Vec<CompleteJob>) -> impl Future<Output = ()> + Send {
+        self.0.complete_batch(batch)
     }
 }
 
@@ -142,59 +141,13 @@ fn retry_alone(e: &sqlx::Error) -> bool {
         if matches!(db.code().as_deref(), Some("40P01" | "40001" | "55P03")))
 }
 
-/// Copies of `e`, one for each caller of a batch.
-pub(crate) fn copies(e: &StoreError) -> impl Fn() -> StoreError + '_ {
-    let text = e.to_string();
-    move || StoreError::new(e.kind(), text.clone())
-}
-
-/// Sends batches in one slot until its queue is empty; `guard` frees the slot if the task
-/// ends early.
-async fn drain<J: Batch>(mut guard: Abandon<J>, mut batch: Vec<J>) {
-    let store = guard.store.clone();
-    let lane = J::lane(store.lanes());
-    loop {
-        J::send(&store, batch).await;
-        match lane.next() {
-            Some(next) => batch = next,
-            None => break,
-        }
-    }
-    guard.armed = false;
-}
-
 impl PgStore {
     pub(crate) fn lanes(&self) -> &Lanes {
-        // Slots exist only on a store with lanes.
+        // Only a store with lanes has a `Batches`.
         self.inner
             .lanes
             .as_ref()
-            .expect("a slot of a store that coalesces")
-    }
-
-    /// A slot is free again: sends what queued meanwhile, from a task of its own.
-    pub(crate) fn hand_over(&self, kind: Kind) {
-        match kind {
-            Kind::Begin => self.hand_over_to::<BeginJob>(),
-            Kind::Complete => self.hand_over_to::<CompleteJob>(),
-        }
-    }
-
-    fn hand_over_to<J: Batch>(&self) {
-        let lane = J::lane(self.lanes());
-        let Some(batch) = lane.next() else { return };
-        // Armed from here: whatever becomes of the task, the slot is freed or handed on.
-        let guard = Abandon::<J> {
-            store: self.clone(),
-            armed: true,
-            kind: std::marker::PhantomData,
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn(drain(guard, batch))),
-            // No runtime (it is shutting down): the batch is dropped unsent, its callers
-            // answered with an error, and the guard frees the slot.
-            Err(_) => drop((batch, guard)),
-        }
+            .expect("the lanes of a store that coalesces")
     }
 
     /// Answers each caller of a batch whose statement failed: `Alone` for a failure a

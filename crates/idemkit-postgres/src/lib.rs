@@ -20,7 +20,6 @@ pub use sqlx;
 
 mod batch;
 mod builder;
-mod coalesce;
 mod consume;
 mod errors;
 mod fence;

@@ -12,13 +12,13 @@ use sqlx::{PgConnection, PgPool, Row as _};
 
 use idemkit_sql::row::Columns;
 
-use crate::batch::{BeginJob, CompleteJob, Kind, Lanes, Slot};
+use crate::batch::{Batches, BeginJob, CompleteJob, Lanes};
 use crate::builder::PgStoreBuilder;
-use crate::coalesce::{Entered, Reply, dropped};
 use crate::errors::{map_err, read_record};
 use crate::names::Table;
 use crate::sql::Statements;
 use crate::wake::{Listener, Waiters};
+use idemkit_coalesce::Reply;
 use idemkit_sql::guess::{Guess, Guesser};
 
 /// The migration call the "table is missing" error names.
@@ -383,27 +383,27 @@ impl Store for PgStore {
     }
 
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Claim, StoreError> {
-        let Some(lanes) = &self.inner.lanes else {
+        if self.inner.lanes.is_none() {
+            return self.begin_alone(req).await;
+        }
+        let mut queued = None;
+        let lead = idemkit_coalesce::enter(&Batches(self.clone()), || {
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            queued = Some(answer);
+            BeginJob {
+                key: req.key.as_str().to_owned(),
+                owner: req.owner.as_u128().to_be_bytes(),
+                lease_us: micros(req.lease),
+                fingerprint: req.fingerprint.map(|f| f.to_bytes()),
+                holder: holder_block(req),
+                reply,
+            }
+        });
+        let Some(answer) = queued else {
+            let _lead = lead;
             return self.begin_alone(req).await;
         };
-        let queued = lanes.begin.enter(|reply| BeginJob {
-            key: req.key.as_str().to_owned(),
-            owner: req.owner.as_u128().to_be_bytes(),
-            lease_us: micros(req.lease),
-            fingerprint: req.fingerprint.map(|f| f.to_bytes()),
-            holder: holder_block(req),
-            reply,
-        });
-        let answer = match queued {
-            Entered::Alone => {
-                let _slot = Slot {
-                    store: self,
-                    kind: Kind::Begin,
-                };
-                return self.begin_alone(req).await;
-            }
-            Entered::Queued(answer) => answer.await.map_err(|_| dropped())??,
-        };
+        let answer = idemkit_coalesce::answer(answer).await?;
         if let Reply::Done(row) = answer
             && let Some(claim) = self.settle(req, &row, 1).await?
         {
@@ -418,30 +418,30 @@ impl Store for PgStore {
         ownership: &Ownership,
         request: &CompleteRequest,
     ) -> Result<(), StoreError> {
-        if let Some(lanes) = &self.inner.lanes {
-            let queued = lanes.complete.enter(|reply| CompleteJob {
-                key: key.as_str().to_owned(),
-                owner: owner_bytes(ownership),
-                fencing: fencing_i64(ownership.fencing),
-                kind: i16::from(request.kind.to_byte()),
-                bytes: request.bytes.clone(),
-                ttl_us: micros(request.ttl),
-                reply,
-            });
-            match queued {
-                Entered::Alone => {
-                    let _slot = Slot {
-                        store: self,
-                        kind: Kind::Complete,
-                    };
-                    return self.complete_alone(key, ownership, request).await;
+        if self.inner.lanes.is_some() {
+            let mut queued = None;
+            let lead = idemkit_coalesce::enter(&Batches(self.clone()), || {
+                let (reply, answer) = tokio::sync::oneshot::channel();
+                queued = Some(answer);
+                CompleteJob {
+                    key: key.as_str().to_owned(),
+                    owner: owner_bytes(ownership),
+                    fencing: fencing_i64(ownership.fencing),
+                    kind: i16::from(request.kind.to_byte()),
+                    bytes: request.bytes.clone(),
+                    ttl_us: micros(request.ttl),
+                    reply,
                 }
-                Entered::Queued(answer) => match answer.await.map_err(|_| dropped())?? {
-                    Reply::Done(()) => return Ok(()),
-                    // Not completed by the batch: alone, it tells a retried completion
-                    // from a lost lease.
-                    Reply::Alone => {}
-                },
+            });
+            let Some(answer) = queued else {
+                let _lead = lead;
+                return self.complete_alone(key, ownership, request).await;
+            };
+            match idemkit_coalesce::answer(answer).await? {
+                Reply::Done(()) => return Ok(()),
+                // Not completed by the batch: alone, it tells a retried completion from a
+                // lost lease.
+                Reply::Alone => {}
             }
         }
         self.complete_alone(key, ownership, request).await
@@ -481,7 +481,7 @@ impl Store for PgStore {
             Ok(rows) => rows,
             Err(e) => {
                 let e = self.err(e);
-                let copy = crate::batch::copies(&e);
+                let copy = idemkit_coalesce::copies(&e);
                 return reqs.iter().map(|_| Err(copy())).collect();
             }
         };

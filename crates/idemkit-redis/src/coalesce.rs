@@ -1,48 +1,43 @@
-//! Coalescing concurrent single calls: while calls of one kind (`begin` or `complete`) are
-//! on the wire, new ones queue, and a flush task sends the queue as one script call
+//! What the Redis store coalesces, and how (the queue itself is `idemkit_coalesce`'s, the
+//! one coalescer of every store): while calls of one kind (`begin` or `complete`) are on a
+//! lane's wire, new ones queue, and the coalescer's flush sends the queue as one script call
 //! (`begin_many.lua`, `complete_many.lua`): one script entry and one `TIME` for many keys,
-//! which is most of what a call costs Redis. A call to an idle store is sent at once, as
-//! before (no added latency at concurrency 1).
-//!
-//! The flush task is spawned by the first call queued; it yields once, so that the tasks
-//! already running can queue theirs, then sends everything queued (in script calls of at
-//! most [`MAX_BATCH`] keys, each awaited in a task of its own, so batches are pipelined on
-//! the connection, not sent one round trip after another). A batch answers each key exactly
-//! as the single script would: both scripts walk their keys in order, so a key given twice
-//! (two concurrent duplicates) is answered as two calls one after the other.
+//! which is most of what a call costs Redis. A call to an idle lane is sent at once, as
+//! before (no added latency at concurrency 1). Batches are pipelined on the connection
+//! (each sent from a task of its own), not sent one round trip after another. A batch
+//! answers each key exactly as the single script would: both scripts walk their keys in
+//! order, so a key given twice (two concurrent duplicates) is answered as two calls one
+//! after the other.
 //!
 //! One server without the durability guard only: on a Cluster keys of one slot rarely meet,
 //! and the guard's `WAIT` is per reservation.
 
-use std::sync::PoisonError;
+use std::sync::Arc;
 
 use bytes::Bytes;
-// std's mutex, or loom's under `--cfg idemkit_loom` (the model checks, model.rs).
-use idemkit_core::__sync::{Mutex, MutexGuard};
-use idemkit_core::{ResultKind, StoreError, StoreErrorKind};
+use idemkit_coalesce::{Job, Limits, Sender, copies};
+use idemkit_core::{ResultKind, StoreError};
 use redis::{Cmd, Value};
-use tokio::sync::oneshot;
 
-use crate::RedisStore;
+use crate::Shared;
 use crate::errors::unexpected;
 use crate::scripts;
 use crate::scripts::query_loading;
 
-/// The most keys sent in one script call. Small enough that several batches are on the wire
-/// at once, so the client handles one batch's replies while Redis runs the next (one large
-/// batch makes them take turns); the trade-off is measured in docs/benchmarks.md.
-const MAX_BATCH: usize = 16;
-
-/// The most script calls of one kind on one lane's wire at once (a lone call or a batch
-/// each). A call that finds the wire full waits in the queue for a reply to make room, so
-/// under load the queue fills and batches grow, where sending every queue at once made
-/// small batches, each paying a script entry, which costs Redis more than a key in it does
-/// (docs/benchmarks.md). Two, not one: the client reads one batch's reply while Redis runs
-/// the next.
-const MAX_IN_FLIGHT: usize = 2;
+/// How the lanes batch: at most 16 keys a script call, small enough that several batches
+/// are on the wire at once, so the client handles one batch's replies while Redis runs the
+/// next (one large batch makes them take turns; the trade-off is measured in
+/// docs/benchmarks.md); and at most two script calls of one kind on a lane's wire at once.
+/// A call that finds the wire full waits in the queue for a reply to make room, so under
+/// load the queue fills and batches grow, where sending every queue at once made small
+/// batches, each paying a script entry, which costs Redis more than a key in it does. Two,
+/// not one: the client reads one batch's reply while Redis runs the next. A call goes alone
+/// only when nothing of its kind is on the wire or queued. Results are bounded per batch as
+/// on PostgreSQL (16 MiB), so one command never carries dozens of large results.
+pub(crate) const LIMITS: Limits = Limits::new(16, 2).max_bytes(16 << 20);
 
 /// A queued call's answer: the script's reply for its key.
-pub(crate) type Answer = oneshot::Receiver<Result<Value, StoreError>>;
+type Responder = idemkit_coalesce::Responder<Value>;
 
 /// A queued `begin`.
 pub(crate) struct BeginJob {
@@ -52,7 +47,7 @@ pub(crate) struct BeginJob {
     pub(crate) lease_ms: u64,
     /// The reserving process (`Record::holder`), if the caller said.
     pub(crate) holder: Option<idemkit_core::record::SharedHolder>,
-    pub(crate) reply: oneshot::Sender<Result<Value, StoreError>>,
+    pub(crate) reply: Responder,
 }
 
 impl BeginJob {
@@ -80,7 +75,7 @@ pub(crate) struct CompleteJob {
     /// The caller said what it reserved with: its reservation is known byte for byte, and
     /// a plain `SET … IFEQ` can complete it (see `plain`).
     pub(crate) known: bool,
-    pub(crate) reply: oneshot::Sender<Result<Value, StoreError>>,
+    pub(crate) reply: Responder,
 }
 
 impl CompleteJob {
@@ -93,232 +88,56 @@ impl CompleteJob {
     }
 }
 
-/// The queue of one kind of call, and how many calls of that kind are on the wire.
-pub(crate) struct Coalescer<J> {
-    state: Mutex<State<J>>,
-}
-
-struct State<J> {
-    /// Calls (single or batched) of this kind on the wire.
-    in_flight: usize,
-    queue: Vec<J>,
-    /// A flush task is scheduled.
-    flushing: bool,
-}
-
-impl<J> Default for Coalescer<J> {
-    fn default() -> Self {
-        Coalescer {
-            state: Mutex::new(State {
-                in_flight: 0,
-                queue: Vec::new(),
-                flushing: false,
-            }),
-        }
+impl Job for BeginJob {
+    fn key(&self) -> &str {
+        &self.rkey
+    }
+    fn abandoned(&self) -> bool {
+        self.reply.is_closed()
     }
 }
 
-/// What [`Coalescer::enter`] decided.
-pub(crate) enum Entered {
-    /// Send alone now, holding a [`Lead`].
-    Lead,
-    /// Queued; the caller spawns the flush task when told to.
-    Queued { spawn_flush: bool },
-}
-
-impl<J> Coalescer<J> {
-    fn lock(&self) -> MutexGuard<'_, State<J>> {
-        // Nothing under this lock can panic; keep serving if something ever did.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+impl Job for CompleteJob {
+    fn key(&self) -> &str {
+        &self.rkey
     }
-
-    /// Nothing on the wire, nothing queued, no flush scheduled (the model checks' end state).
-    #[cfg(all(test, idemkit_loom))]
-    pub(crate) fn is_idle(&self) -> bool {
-        let state = self.lock();
-        state.in_flight == 0 && state.queue.is_empty() && !state.flushing
+    fn abandoned(&self) -> bool {
+        self.reply.is_closed()
     }
-
-    /// Lead when nothing of this kind is on the wire or queued; otherwise queue `job()`, and
-    /// schedule a flush unless one is scheduled or the wire is full (then the next reply
-    /// schedules it, [`done`](Coalescer::done)).
-    pub(crate) fn enter(&self, job: impl FnOnce() -> J) -> Entered {
-        let mut state = self.lock();
-        if state.in_flight == 0 && state.queue.is_empty() {
-            state.in_flight += 1;
-            return Entered::Lead;
-        }
-        state.queue.push(job());
-        let spawn_flush = !state.flushing && state.in_flight < MAX_IN_FLIGHT;
-        state.flushing |= spawn_flush;
-        Entered::Queued { spawn_flush }
-    }
-
-    /// What is queued, in batches, as many as the wire has room for (each counted on it);
-    /// the flush is over. What is left waits for a reply to make room.
-    pub(crate) fn take_all(&self) -> Vec<Vec<J>> {
-        let mut state = self.lock();
-        state.flushing = false;
-        let mut batches = Vec::new();
-        while !state.queue.is_empty() && state.in_flight < MAX_IN_FLIGHT {
-            let n = state.queue.len().min(MAX_BATCH);
-            batches.push(state.queue.drain(..n).collect());
-            state.in_flight += 1;
-        }
-        batches
-    }
-
-    /// The flush task is gone before it took the queue.
-    fn abandon(&self) {
-        let mut state = self.lock();
-        state.flushing = false;
-        state.queue.clear();
-    }
-
-    /// A call of this kind answered (or was dropped). `true`: calls are queued and no flush
-    /// is scheduled, so the caller must spawn one (this reply made room on the wire).
-    pub(crate) fn done(&self) -> bool {
-        let mut state = self.lock();
-        state.in_flight = state.in_flight.saturating_sub(1);
-        let flush = !state.queue.is_empty() && !state.flushing;
-        state.flushing |= flush;
-        flush
+    fn size(&self) -> usize {
+        self.bytes.len()
     }
 }
 
-/// Which queue a call belongs to.
-#[derive(Clone, Copy)]
-pub(crate) enum Kind {
-    Begin,
-    Complete,
+/// A lane of the store's connections, as the coalescer sends on it: a batch of `begin`s is
+/// one `begin_many.lua` call, a batch of `complete`s one `complete_many.lua` (after the
+/// plain `SET … IFEQ`s that can complete some of them).
+#[derive(Clone)]
+pub(crate) struct OnLane {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) at: usize,
 }
 
-impl Kind {
-    fn done(self, store: &RedisStore, lane: usize) {
-        let queue = &store.shared.lanes[lane];
-        let flush = match self {
-            Kind::Begin => queue.begins.done(),
-            Kind::Complete => queue.completes.done(),
-        };
-        if flush {
-            spawn_flush(store, self, lane);
-        }
+impl Sender<BeginJob> for OnLane {
+    fn lane(&self) -> &idemkit_coalesce::Lane<BeginJob> {
+        &self.shared.lanes[self.at].begins
+    }
+    fn send(&self, batch: Vec<BeginJob>) -> impl Future<Output = ()> + Send {
+        send_begins(self, batch)
     }
 }
 
-/// Held by a call on the wire (a lone call, or a batch); dropping it frees its place.
-pub(crate) struct Lead<'a> {
-    pub(crate) store: &'a RedisStore,
-    pub(crate) kind: Kind,
-    pub(crate) lane: usize,
-}
-
-impl Drop for Lead<'_> {
-    fn drop(&mut self) {
-        self.kind.done(self.store, self.lane);
+impl Sender<CompleteJob> for OnLane {
+    fn lane(&self) -> &idemkit_coalesce::Lane<CompleteJob> {
+        &self.shared.lanes[self.at].completes
     }
-}
-
-/// If a flush task is dropped before it took the queue (its runtime shut down, even before
-/// the task was first polled), the queued callers get an error and the next call schedules
-/// a flush again. Built before the task is spawned and moved into it, so that dropping the
-/// unpolled task drops it too.
-struct Unsent {
-    store: RedisStore,
-    kind: Kind,
-    lane: usize,
-    armed: bool,
-}
-
-impl Drop for Unsent {
-    fn drop(&mut self) {
-        if self.armed {
-            let lane = &self.store.shared.lanes[self.lane];
-            match self.kind {
-                Kind::Begin => lane.begins.abandon(),
-                Kind::Complete => lane.completes.abandon(),
-            }
-        }
-    }
-}
-
-/// Spawns the flush task of `kind` on `lane` (the first queued call does, once per flush).
-pub(crate) fn spawn_flush(store: &RedisStore, kind: Kind, lane: usize) {
-    let mut unsent = Unsent {
-        store: store.clone(),
-        kind,
-        lane,
-        armed: true,
-    };
-    // A reply's `done` can run where no runtime is (a call's future dropped after its
-    // runtime): then nobody can send the queue, and its callers get an error (`Unsent`).
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    runtime.spawn(async move {
-        // Let the tasks that are ready queue their calls first: without this yield a
-        // multi-thread runtime runs the new task at once (its LIFO slot), and batches hold one
-        // or two keys (docs/benchmarks.md: more Redis instructions per miss than no coalescing
-        // at all).
-        tokio::task::yield_now().await;
-        unsent.armed = false;
-        let store = unsent.store.clone();
-        match kind {
-            Kind::Begin => {
-                for batch in store.shared.lanes[lane].begins.take_all() {
-                    let place = Place::new(&store, kind, lane);
-                    tokio::spawn(async move {
-                        send_begins(&place.store, lane, batch).await;
-                        drop(place);
-                    });
-                }
-            }
-            Kind::Complete => {
-                for batch in store.shared.lanes[lane].completes.take_all() {
-                    let place = Place::new(&store, kind, lane);
-                    tokio::spawn(async move {
-                        send_completes(&place.store, lane, batch).await;
-                        drop(place);
-                    });
-                }
-            }
-        }
-    });
-}
-
-/// A batch's place on the wire (counted by `take_all`), owned by its task: built before the
-/// task is spawned and moved into it, so that a task dropped before its first poll (its
-/// runtime shut down mid-flush) gives the place back too, as [`Unsent`] does for the flush
-/// task. Built inside the task, an unpolled batch kept its place for ever, and two such
-/// leaks left the lane's queue with no room on the wire (review M2).
-struct Place {
-    store: RedisStore,
-    kind: Kind,
-    lane: usize,
-}
-
-impl Place {
-    fn new(store: &RedisStore, kind: Kind, lane: usize) -> Self {
-        Place {
-            store: store.clone(),
-            kind,
-            lane,
-        }
-    }
-}
-
-impl Drop for Place {
-    fn drop(&mut self) {
-        self.kind.done(&self.store, self.lane);
+    fn send(&self, batch: Vec<CompleteJob>) -> impl Future<Output = ()> + Send {
+        send_completes(self, batch)
     }
 }
 
 /// Hands each job its item of the reply, or the call's error.
-fn answer<J>(
-    jobs: Vec<J>,
-    reply: Result<Value, StoreError>,
-    sender: impl Fn(J) -> oneshot::Sender<Result<Value, StoreError>>,
-) {
+fn answer<J>(jobs: Vec<J>, reply: Result<Value, StoreError>, sender: impl Fn(J) -> Responder) {
     match reply {
         Ok(Value::Array(items)) if items.len() == jobs.len() => {
             for (job, item) in jobs.into_iter().zip(items) {
@@ -331,15 +150,15 @@ fn answer<J>(
             }
         }
         Err(e) => {
-            let (kind, text) = (e.kind(), e.to_string());
+            let copy = copies(&e);
             for job in jobs {
-                let _ = sender(job).send(Err(StoreError::new(kind, text.clone())));
+                let _ = sender(job).send(Err(copy()));
             }
         }
     }
 }
 
-async fn send_begins(store: &RedisStore, lane: usize, mut jobs: Vec<BeginJob>) {
+async fn send_begins(to: &OnLane, mut jobs: Vec<BeginJob>) {
     // `begin_many.lua` takes one lease per call: one call per lease (nearly always one).
     while !jobs.is_empty() {
         let lease = jobs[0].lease_ms;
@@ -356,7 +175,7 @@ async fn send_begins(store: &RedisStore, lane: usize, mut jobs: Vec<BeginJob>) {
         scripts::begin_many_args(&mut cmd, lease, &parts);
         drop(parts);
         let reply = query_loading(
-            &mut store.shared.lanes[lane].conn.clone(),
+            &mut to.shared.lanes[to.at].conn.clone(),
             &cmd,
             &scripts::BEGIN_MANY,
         )
@@ -365,9 +184,9 @@ async fn send_begins(store: &RedisStore, lane: usize, mut jobs: Vec<BeginJob>) {
     }
 }
 
-async fn send_completes(store: &RedisStore, lane: usize, mut jobs: Vec<CompleteJob>) {
+async fn send_completes(to: &OnLane, mut jobs: Vec<CompleteJob>) {
     if jobs.iter().any(|j| j.known) {
-        jobs = send_plain_completes(store, lane, jobs).await;
+        jobs = send_plain_completes(to, jobs).await;
     }
     // `complete_many.lua` takes one ttl per call: one call per ttl (usually one).
     while !jobs.is_empty() {
@@ -389,7 +208,7 @@ async fn send_completes(store: &RedisStore, lane: usize, mut jobs: Vec<CompleteJ
                 .map(|j| (j.parts(), j.fencing, j.kind, &j.bytes[..])),
         );
         let reply = query_loading(
-            &mut store.shared.lanes[lane].conn.clone(),
+            &mut to.shared.lanes[to.at].conn.clone(),
             &cmd,
             &scripts::COMPLETE_MANY,
         )
@@ -401,14 +220,10 @@ async fn send_completes(store: &RedisStore, lane: usize, mut jobs: Vec<CompleteJ
 /// The batch's completions whose reservations are known, as one pipeline of plain
 /// `SET … IFEQ`s where the server has them (see `plain`): each one written is answered;
 /// what is left (nothing written) goes to `complete_many.lua`.
-async fn send_plain_completes(
-    store: &RedisStore,
-    lane: usize,
-    jobs: Vec<CompleteJob>,
-) -> Vec<CompleteJob> {
-    let caps = &store.shared.caps;
-    let mut conn = store.shared.lanes[lane].conn.clone();
-    match caps.ifeq(&mut conn, &store.shared.prefix).await {
+async fn send_plain_completes(to: &OnLane, jobs: Vec<CompleteJob>) -> Vec<CompleteJob> {
+    let caps = &to.shared.caps;
+    let mut conn = to.shared.lanes[to.at].conn.clone();
+    match caps.ifeq(&mut conn, &to.shared.prefix).await {
         Ok(true) => {}
         Ok(false) => return jobs,
         Err(e) => {
@@ -447,14 +262,4 @@ async fn send_plain_completes(
             rest
         }
     }
-}
-
-/// A queued call's reply, or `Unavailable` if its batch was lost (the flush task died).
-pub(crate) async fn wait(answer: Answer) -> Result<Value, StoreError> {
-    answer.await.unwrap_or_else(|_| {
-        Err(StoreError::new(
-            StoreErrorKind::Unavailable,
-            "a coalesced call was dropped before it was sent",
-        ))
-    })
 }

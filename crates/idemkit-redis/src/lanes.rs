@@ -11,7 +11,7 @@ use idemkit_core::{
 use redis::{Cmd, Value};
 
 use crate::claim::claim_of;
-use crate::coalesce::{self, BeginJob, Coalescer, CompleteJob, Entered, Kind, Lead};
+use crate::coalesce::{self, BeginJob, CompleteJob, OnLane};
 use crate::conn::Conn;
 use crate::errors::{int, map_err, owner_checked};
 use crate::keys::{self, ms};
@@ -24,16 +24,16 @@ use crate::{RedisStore, durable, plain, replays};
 /// connection's commands while the client reads another's replies (ARCHITECTURE row 35).
 pub(crate) struct Lane {
     pub(crate) conn: Conn,
-    pub(crate) begins: Coalescer<BeginJob>,
-    pub(crate) completes: Coalescer<CompleteJob>,
+    pub(crate) begins: idemkit_coalesce::Lane<BeginJob>,
+    pub(crate) completes: idemkit_coalesce::Lane<CompleteJob>,
 }
 
 impl Lane {
     pub(crate) fn new(conn: Conn) -> Self {
         Lane {
             conn,
-            begins: Coalescer::default(),
-            completes: Coalescer::default(),
+            begins: idemkit_coalesce::Lane::new(coalesce::LIMITS),
+            completes: idemkit_coalesce::Lane::new(coalesce::LIMITS),
         }
     }
 }
@@ -99,7 +99,11 @@ impl RedisStore {
         let fingerprint = req.fingerprint.map(|f| f.to_bytes());
         let _lead = if self.shared.coalesce {
             let mut queued = None;
-            let lead = self.shared.lanes[lane].begins.enter(|| {
+            let to = OnLane {
+                shared: self.shared.clone(),
+                at: lane,
+            };
+            let lead = idemkit_coalesce::enter(&to, || {
                 let (reply, answer) = tokio::sync::oneshot::channel();
                 queued = Some(answer);
                 BeginJob {
@@ -112,20 +116,10 @@ impl RedisStore {
                     reply,
                 }
             });
-            match lead {
-                Entered::Lead => Some(Lead {
-                    store: self,
-                    kind: Kind::Begin,
-                    lane,
-                }),
-                Entered::Queued { spawn_flush } => {
-                    if spawn_flush {
-                        coalesce::spawn_flush(self, Kind::Begin, lane);
-                    }
-                    let answer = queued.expect("queued");
-                    return claim_of(req, coalesce::wait(answer).await?);
-                }
+            if let Some(answer) = queued {
+                return claim_of(req, idemkit_coalesce::answer(answer).await?);
             }
+            lead
         } else {
             None
         };
@@ -203,7 +197,11 @@ impl RedisStore {
         let reserved = completion.reservation.as_ref();
         let _lead = if self.shared.coalesce {
             let mut queued = None;
-            let lead = self.shared.lanes[lane].completes.enter(|| {
+            let to = OnLane {
+                shared: self.shared.clone(),
+                at: lane,
+            };
+            let lead = idemkit_coalesce::enter(&to, || {
                 let (reply, answer) = tokio::sync::oneshot::channel();
                 queued = Some(answer);
                 CompleteJob {
@@ -219,20 +217,11 @@ impl RedisStore {
                     reply,
                 }
             });
-            match lead {
-                Entered::Lead => Some(Lead {
-                    store: self,
-                    kind: Kind::Complete,
-                    lane,
-                }),
-                Entered::Queued { spawn_flush } => {
-                    if spawn_flush {
-                        coalesce::spawn_flush(self, Kind::Complete, lane);
-                    }
-                    let answer = queued.expect("queued");
-                    return owner_checked(int(Some(&coalesce::wait(answer).await?))?);
-                }
+            if let Some(answer) = queued {
+                let reply = idemkit_coalesce::answer(answer).await?;
+                return owner_checked(int(Some(&reply))?);
             }
+            lead
         } else {
             None
         };

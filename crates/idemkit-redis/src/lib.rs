@@ -120,7 +120,7 @@ pub struct RedisStore {
     shared: Arc<Shared>,
 }
 
-struct Shared {
+pub(crate) struct Shared {
     /// Every key this store writes starts with `{prefix}:`.
     prefix: String,
     /// The durability guard, when on (see [`RedisStoreBuilder::wait_for_replicas`]).
