@@ -10,6 +10,7 @@ use http::header::HeaderName;
 use http::{HeaderMap, Method, StatusCode};
 use idemkit_core::{Codec, Fingerprint};
 
+pub use crate::capture::{Capture, Step};
 use crate::problem::Problem;
 use crate::stored::{ResponseCodec, Stored};
 

@@ -679,6 +679,7 @@ impl<St: Send + Sync> axum::extract::FromRequestParts<St> for IdempotencyInfo {
 pub mod binding;
 mod body;
 mod canonical;
+mod capture;
 mod key;
 mod problem;
 mod service;

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
-use bytes::{Buf as _, Bytes, BytesMut};
+use bytes::{Buf as _, Bytes};
 use http::header::HeaderValue;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body::{Body as _, Frame};
@@ -16,6 +16,7 @@ use idemkit_core::{Error, Fingerprint, Key, Store};
 use tokio::sync::{mpsc, oneshot};
 use tower_service::Service;
 
+use crate::binding::{Capture, Step};
 use crate::body::{AbortOnDrop, Piece, ResponseBody};
 use crate::stored::{NotFinal, ResponseCodec, Stored};
 use crate::{
@@ -30,9 +31,6 @@ pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// its call and its client: with the stored copy (at most `max_result_bytes`), all the
 /// layer holds of a response, however long the handler streams.
 const FRAMES_IN_FLIGHT: usize = 8;
-
-/// Room left in `max_result_bytes` for the stored response's status and kept headers.
-const HEADROOM: usize = 4096;
 
 /// The future [`Idempotency`] returns (boxed: it holds the coordinator's call around the
 /// inner service's future).
@@ -208,7 +206,6 @@ where
     // and size (`Stored::omitted`).
     let policy = config.coordinator.policy_for(&config.operation);
     let max_result_bytes = policy.max_result_bytes;
-    let storable = max_result_bytes.saturating_sub(HEADROOM);
     // How long a frame may wait for its client to make room (review M3): storing the
     // response must go at the handler's pace, never the client's, or a client that stops
     // reading holds the key (and, past `max_hold`, gets its handler run twice).
@@ -253,7 +250,9 @@ where
                 headers.append(name.clone(), value.clone());
             }
         }
-        let mut kept = Kept::default();
+        // What is kept to store, and which frame waits for it: the decisions the ASGI
+        // middleware takes too (`binding::Capture`).
+        let mut kept = Capture::new(max_result_bytes, None);
         let mut rbody = std::pin::pin!(rbody);
         // First what the body has ready, up to what may be stored: most bodies are whole
         // at once (a JSON answer), and go out with their head once the result is stored, in
@@ -278,7 +277,7 @@ where
                     let whole = Response::from_parts(rparts, ResponseBody::whole(ready));
                     *tail_in.lock().unwrap_or_else(PoisonError::into_inner) =
                         Some(Tail::Whole(head_tx, whole));
-                    return Ok(kept.into_stored(status, headers, max_result_bytes));
+                    return Ok(to_store(kept, status, headers));
                 }
                 Poll::Ready(Some(Err(e))) => {
                     timing.recent.record(began.elapsed());
@@ -286,9 +285,8 @@ where
                 }
                 Poll::Ready(Some(Ok(frame))) => {
                     let frame = frame.map_data(|mut d| d.copy_to_bytes(d.remaining()));
-                    if let Some(data) = frame.data_ref() {
-                        kept.push(data, storable);
-                    }
+                    // Whole or not is the loop's to find (`Ready(None)`), not the step's.
+                    let _ = kept.push(frame.data_ref(), false);
                     ready.push(frame);
                     if kept.is_over() {
                         // Too large to store: streamed through from here.
@@ -316,11 +314,7 @@ where
                 .get(http::header::CONTENT_LENGTH)
                 .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
         });
-        let mut seen: u64 = ready
-            .iter()
-            .filter_map(Frame::data_ref)
-            .map(|d| d.len() as u64)
-            .sum();
+        kept.announce(announced);
         // The client may be gone already: the body is read and stored all the same.
         let _ = head_tx.send(Response::from_parts(
             rparts,
@@ -345,11 +339,7 @@ where
                     return Err(NotFinal(resp));
                 }
             };
-            if let Some(data) = frame.data_ref() {
-                kept.push(data, storable);
-                seen += data.len() as u64;
-            }
-            if rbody.is_end_stream() || announced.is_some_and(|n| seen >= n) {
+            if kept.push(frame.data_ref(), rbody.is_end_stream()) == Step::Hold {
                 // The last frame: it goes out with the end, once the result is stored.
                 held = Some(frame);
                 break;
@@ -365,7 +355,7 @@ where
         timing.recent.record(began.elapsed());
         *tail_in.lock().unwrap_or_else(PoisonError::into_inner) =
             Some(Tail::Streamed { out, held });
-        Ok(kept.into_stored(status, headers, max_result_bytes))
+        Ok(to_store(kept, status, headers))
     });
     // Once reserved, the call runs to its end in a task of its own whatever the client does:
     // a client that timed out and disconnected retries, and that retry must wait for (or
@@ -556,78 +546,14 @@ enum Tail<B> {
     },
 }
 
-/// The stored copy of a streamed body, up to what may be stored; past that, only its size.
-/// A body of one frame (most are) is kept without a copy.
-#[derive(Default)]
-enum Kept {
-    #[default]
-    Empty,
-    One(Bytes),
-    Many(BytesMut),
-    Over(u64),
-}
-
-impl Kept {
-    fn push(&mut self, data: &Bytes, limit: usize) {
-        let size = match self {
-            Kept::Empty => 0,
-            Kept::One(b) => b.len(),
-            Kept::Many(b) => b.len(),
-            Kept::Over(n) => {
-                *n += data.len() as u64;
-                return;
-            }
-        };
-        if size + data.len() > limit {
-            *self = Kept::Over((size + data.len()) as u64);
-            return;
-        }
-        *self = match std::mem::take(self) {
-            Kept::Empty => Kept::One(data.clone()),
-            Kept::One(first) => {
-                let mut many = BytesMut::with_capacity(first.len() + data.len());
-                many.extend_from_slice(&first);
-                many.extend_from_slice(data);
-                Kept::Many(many)
-            }
-            Kept::Many(mut many) => {
-                many.extend_from_slice(data);
-                Kept::Many(many)
-            }
-            over @ Kept::Over(_) => over,
-        };
-    }
-
-    fn is_over(&self) -> bool {
-        matches!(self, Kept::Over(_))
-    }
-
-    /// The copy to store, at most `limit` bytes encoded: past it (a body over its room, or
-    /// kept headers that take more than the room left them: review L10), its status and
-    /// size only.
-    fn into_stored(self, status: StatusCode, headers: HeaderMap, limit: usize) -> Stored {
-        let (body, omitted) = match self {
-            Kept::Empty => (Bytes::new(), None),
-            Kept::One(b) => (b, None),
-            Kept::Many(b) => (b.freeze(), None),
-            Kept::Over(size) => (Bytes::new(), Some(size)),
-        };
-        let (body, omitted) = match omitted {
-            None if crate::stored::encoded_len(&headers, body.len()) > limit => {
-                (Bytes::new(), Some(body.len() as u64))
-            }
-            other => (body, other),
-        };
-        Stored {
-            status,
-            headers: if omitted.is_some() {
-                HeaderMap::new()
-            } else {
-                headers
-            },
-            body,
-            omitted,
-        }
+/// The response to store, as `capture` kept it.
+fn to_store(capture: Capture, status: StatusCode, headers: HeaderMap) -> Stored {
+    let r = capture.into_response(status, headers);
+    Stored {
+        status: r.status,
+        headers: r.headers,
+        body: r.body,
+        omitted: r.omitted,
     }
 }
 

@@ -5,6 +5,7 @@ import asyncio
 import logging
 import contextlib
 import json
+import pathlib
 import shutil
 import socket
 import subprocess
@@ -338,6 +339,48 @@ async def test_a_response_too_large_to_store_replays_as_done_with_a_stable_probl
     assert retry.status_code == 201 and retry.headers["idempotent-replayed"] == "true"
     body = problem(retry, "result-unavailable")
     assert "20000 bytes" in body["detail"] and len(runs) == 1
+
+
+CASES = pathlib.Path(__file__).resolve().parents[2] / "idemkit-http" / "tests" / "cases" / "streaming.json"
+
+
+@pytest.mark.parametrize("case", json.loads(CASES.read_text())["cases"], ids=lambda c: c["name"])
+async def test_both_layers_table_of_final_responses(case):
+    """The table the Rust layer runs too (``idemkit-http/tests/cases.rs``; issue 50 item 3):
+    what is stored of a final response, within ``max_result_bytes`` with the kept headers
+    counted, and a retry right after the whole body is its replay (the last frame waited for
+    the store). Both layers decide by one state machine, ``idemkit_http::binding::Capture``."""
+    frames = [bytes([ord("a") + i % 26]) * n for i, n in enumerate(case["frames"])]
+    whole = b"".join(frames)
+    head = "text/plain;p="
+    ctype = head + "a" * max(case["content_type_bytes"] - len(head), 0)
+    runs = []
+
+    async def app(scope, receive, send):
+        runs.append(1)
+        headers = [(b"content-type", ctype.encode())]
+        if case["content_length"]:
+            headers.append((b"content-length", str(len(whole)).encode()))
+        await send({"type": "http.response.start", "status": 201, "headers": headers})
+        for i, frame in enumerate(frames):
+            await send({"type": "http.response.body", "body": frame, "more_body": i + 1 < len(frames)})
+        if not frames:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    coordinator = idemkit.Coordinator(idemkit.MemoryStore(), max_result_bytes=case["max_result_bytes"])
+    mw = IdempotencyMiddleware(app, coordinator=coordinator, operation="http.cases", scope_by=lambda _: "global")
+    async with serve(mw) as client:
+        h = {"idempotency-key": '"case"'}
+        first = await client.post("/cases", content=b"{}", headers=h)
+        retry = await client.post("/cases", content=b"{}", headers=h)
+    assert first.status_code == 201 and first.content == whole, case["name"]
+    assert retry.status_code == 201 and retry.headers["idempotent-replayed"] == "true", case["name"]
+    if case["stored"]:
+        assert retry.content == whole, case["name"]
+    else:
+        body = problem(retry, "result-unavailable")
+        assert f"{len(whole)} bytes" in body["detail"], (case["name"], body)
+    assert len(runs) == 1
 
 
 async def test_sizes_count_the_kept_headers_and_stay_within_the_coordinators_limit():

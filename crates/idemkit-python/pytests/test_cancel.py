@@ -236,3 +236,48 @@ async def test_fork_after_a_call():
         timeout=60,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+MEMORY_FORK = textwrap.dedent(
+    """
+    import asyncio, os, sys
+    import idemkit
+
+    store = idemkit.MemoryStore()
+    parent = idemkit.Coordinator(store)
+
+    async def once(c, key, value):
+        async def effect(attempt):
+            return value
+        return await c.call("op", key, ttl=60).run(effect)
+
+    assert asyncio.run(once(parent, "k", "parent")) == "parent"
+    pid = os.fork()
+    if pid == 0:
+        async def child():
+            try:
+                got = await once(parent, "k", "child")
+                print(f"the parent's MemoryStore answered in the child: {got!r}")
+                return 3
+            except idemkit.ConfigError as e:
+                if "MemoryStore" not in str(e) or "fork()" not in str(e):
+                    print(f"an unclear refusal: {e}")
+                    return 4
+            # A MemoryStore made in the child is the child's own.
+            own = idemkit.Coordinator(idemkit.MemoryStore())
+            return 0 if await once(own, "k", "child") == "child" else 5
+
+        os._exit(asyncio.run(asyncio.wait_for(child(), 20)))
+    status = os.waitpid(pid, 0)[1]
+    sys.exit(os.waitstatus_to_exitcode(status))
+    """
+)
+
+
+def test_a_memory_store_made_before_fork_is_refused_in_the_child():
+    """Review L7 (of ``e047556``): a forked child used its parent's MemoryStore, a copy of the
+    records as of the fork, whose locks a runtime thread may have held at that instant (then
+    the child's first call hangs). Now refused with ``ConfigError``, as a connected store is.
+    Before: the child's call replayed the parent's result (exit 3)."""
+    done = subprocess.run([sys.executable, "-c", MEMORY_FORK], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr

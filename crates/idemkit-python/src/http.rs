@@ -177,7 +177,74 @@ fn http_is_per_caller(name: &str) -> bool {
     HeaderName::from_bytes(name.as_bytes()).is_ok_and(|n| idemkit_http::is_per_caller(&n))
 }
 
+/// A final response's body as the middleware takes it from the application: what is kept
+/// to store, and whether each frame waits for the result to be stored. The Rust layer's
+/// own state machine (`binding::Capture`), so both keep, hold and count alike.
+#[pyclass(module = "idemkit._native")]
+pub(crate) struct HttpCapture(Option<binding::Capture>);
+
+impl HttpCapture {
+    fn capture(&mut self) -> PyResult<&mut binding::Capture> {
+        self.0.as_mut().ok_or_else(stored_already)
+    }
+}
+
+fn stored_already() -> PyErr {
+    PyValueError::new_err("this response was stored already")
+}
+
+#[pymethods]
+impl HttpCapture {
+    /// A capture for a response stored within `max_result_bytes`, which announced
+    /// `announced` bytes (its `Content-Length`), if it did.
+    #[new]
+    #[pyo3(signature = (max_result_bytes, announced=None))]
+    fn new(max_result_bytes: usize, announced: Option<u64>) -> Self {
+        HttpCapture(Some(binding::Capture::new(max_result_bytes, announced)))
+    }
+
+    /// Takes the application's next body message: `True` when the frame waits for the
+    /// result to be stored (it ends the body, or completes the announced length), `False`
+    /// when it goes to the client now.
+    fn push(&mut self, data: &[u8], end: bool) -> PyResult<bool> {
+        let data = bytes::Bytes::copy_from_slice(data);
+        let step = self.capture()?.push(Some(&data), end);
+        Ok(step == binding::Step::Hold)
+    }
+
+    /// The body's bytes so far.
+    #[getter]
+    fn size(&self) -> u64 {
+        self.0.as_ref().map_or(0, binding::Capture::size)
+    }
+
+    /// The response to store, in the stored format: its status, the `keep` headers and its
+    /// body, or, past `max_result_bytes` (with the kept headers counted), its status and size.
+    fn finish<'py>(
+        &mut self,
+        py: Python<'py>,
+        status: u16,
+        headers: Headers,
+        keep: Vec<String>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let keep = names(&keep)?;
+        let status = status_of(status)?;
+        let mut kept = HeaderMap::new();
+        for (name, value) in &header_map(&headers) {
+            if keep.contains(name) {
+                kept.append(name.clone(), value.clone());
+            }
+        }
+        let capture = self.0.take().ok_or_else(stored_already)?;
+        let r = capture.into_response(status, kept);
+        let bytes = binding::encode_response(&r, &keep)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(PyBytes::new(py, &bytes))
+    }
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<HttpCapture>()?;
     m.add("HTTP_PROBLEM_DOCS", idemkit_http::PROBLEM_DOCS)?;
     m.add_function(wrap_pyfunction!(http_parse_key, m)?)?;
     m.add_function(wrap_pyfunction!(http_final_by_default, m)?)?;

@@ -281,6 +281,7 @@ fn on_cancel_of(mode: &str) -> PyResult<OnCancel> {
 struct Coordinator {
     inner: idemkit_core::Coordinator<DynStore>,
     store_pid: Option<u32>,
+    store_name: &'static str,
 }
 
 #[pymethods]
@@ -317,6 +318,7 @@ impl Coordinator {
         Ok(Coordinator {
             inner: builder.build(),
             store_pid: store.pid,
+            store_name: store.name,
         })
     }
 
@@ -365,14 +367,19 @@ impl Coordinator {
         if let Some(pid) = self.store_pid
             && pid != std::process::id()
         {
-            return Err(raise(
-                py,
-                "ConfigError",
-                (format!(
+            let what = if self.store_name == "MemoryStore" {
+                format!(
+                    "this MemoryStore was made by process {pid}, before fork(): its records \
+                     and locks stayed there; make a MemoryStore (and a coordinator) in this \
+                     process"
+                )
+            } else {
+                format!(
                     "this store was connected by process {pid}, before fork(): its connections \
                      stayed there; connect a store (and make a coordinator) in this process"
-                ),),
-            ));
+                )
+            };
+            return Err(raise(py, "ConfigError", (what,)));
         }
         let invalid = |e: idemkit_core::KeyError| raise(py, "InvalidKey", (e.to_string(),));
         let operation = Operation::new(operation).map_err(invalid)?;

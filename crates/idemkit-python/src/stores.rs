@@ -9,7 +9,8 @@ use super::*;
 pub(crate) struct Store {
     pub(crate) inner: DynStore,
     pub(crate) name: &'static str,
-    /// The process whose runtime drives the store's connections (`None`: no connections).
+    /// The process the store belongs to: whose runtime drives its connections, or whose
+    /// memory holds its records (`None`: a test store that may cross a fork).
     pub(crate) pid: Option<u32>,
 }
 
@@ -36,7 +37,10 @@ pub(crate) fn memory_store() -> Store {
     Store {
         inner: DynStore::new(idemkit_core::MemoryStore::new()),
         name: "MemoryStore",
-        pid: None,
+        // Its records and locks are this process's: a forked child that used them would get
+        // a copy as of the fork, or wait for ever on a lock a runtime thread held at that
+        // instant (review L7 of `e047556`). Refused there, as a connected store is.
+        pid: Some(std::process::id()),
     }
 }
 

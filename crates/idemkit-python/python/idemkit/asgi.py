@@ -44,8 +44,6 @@ PROBLEM_DOCS: str = _native.HTTP_PROBLEM_DOCS
 #: The response headers kept with a stored response by default, as the Rust layer keeps.
 DEFAULT_KEEP = ("content-type", "content-language", "location", "etag", "last-modified", "cache-control")
 
-#: What may be kept of a stored response beyond its body (status, headers): the Rust layer's.
-_HEADROOM = 4096
 #: A reserved request's typical run, remembered per middleware for ``Retry-After``.
 _RECENT = 32
 
@@ -359,9 +357,9 @@ class _Run:
         # The handler's response, as it comes.
         self.head: asyncio.Future[tuple[int, list[tuple[bytes, bytes]]]] | None = None
         self.sent_head = False
-        self.kept: list[bytes] = []
-        self.kept_size = 0
-        self.size = 0
+        # A final response's body: what is kept to store and which frame waits for it, the
+        # Rust layer's own decisions (`idemkit_http::binding::Capture`).
+        self.capture: Any = None
         self.held: Message | None = None
         self.start: Message | None = None
         # The response's Content-Length, if it announced one.
@@ -546,14 +544,9 @@ class _Run:
                 app.cancel()
             raise
         self.mw._recent.append(time.monotonic() - began)
-        if self.kept_size < 0:
-            return _native.http_encode_omitted(status, self.size)
-        stored = _native.http_encode_response(status, headers, b"".join(self.kept), self.mw.keep)
-        if len(stored) > self.mw.max_result_bytes:
-            # The kept headers count too, as in the Rust layer: too large with them, its status
-            # and size only.
-            return _native.http_encode_omitted(status, self.size)
-        return stored
+        capture = self.capture or _native.HttpCapture(self.mw.max_result_bytes)
+        # Its body, or past max_result_bytes (the kept headers counted) its status and size.
+        return capture.finish(status, headers, self.mw.keep)
 
     async def _app(self, scope: Scope, done: asyncio.Future[None]) -> None:
         assert self.head is not None
@@ -586,6 +579,7 @@ class _Run:
                     if name.lower() == b"content-length":
                         with contextlib.suppress(ValueError):
                             self.announced = int(value)
+                self.capture = _native.HttpCapture(self.mw.max_result_bytes, self.announced)
                 head.set_result((status, _pairs(message.get("headers", []))))
                 return
             if kind != "http.response.body":
@@ -595,20 +589,13 @@ class _Run:
                 await self._send(message)
                 return
             chunk = bytes(message.get("body", b""))
-            self.size += len(chunk)
-            if self.kept_size >= 0:
-                if self.size <= self.mw.max_result_bytes - _HEADROOM:
-                    self.kept.append(chunk)
-                    self.kept_size = self.size
-                else:
-                    # Too large to store: its status and size only.
-                    self.kept, self.kept_size = [], -1
             more = bool(message.get("more_body", False))
+            hold = self.capture.push(chunk, not more)
             if self.held is not None:
                 # A frame held because it completed the announced length: the rest joins it.
                 chunk = bytes(self.held.get("body", b"")) + chunk
                 self.held = None
-            if not more or (self.announced is not None and self.size >= self.announced):
+            if hold:
                 # The end (or the frame that completes a Content-Length, which the client
                 # takes as the end) goes out once the result is stored (`_finish`).
                 self.held = {"type": "http.response.body", "body": chunk, "more_body": more}
