@@ -281,3 +281,21 @@ def test_a_memory_store_made_before_fork_is_refused_in_the_child():
     Before: the child's call replayed the parent's result (exit 3)."""
     done = subprocess.run([sys.executable, "-c", MEMORY_FORK], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+async def test_one_watchdog_serves_every_long_action_of_a_loop():
+    """Review L8 (of ``e047556``): each action running longer than a second checked its event
+    loop on its own, taking the GIL once a second per action (2,000 streaming responses, 2,000
+    a second). Now the loop's bridge has one watchdog for all of them: 40 actions of 2.5 s
+    cost a few checks, not two each."""
+    c = coordinator()
+    before = idemkit._native._loop_checks()
+
+    async def effect(attempt):
+        await asyncio.sleep(2.5)
+        return 1
+
+    results = await asyncio.gather(*(c.call("op", unique(f"long{i}")).run(effect) for i in range(40)))
+    checks = idemkit._native._loop_checks() - before
+    assert results == [1] * 40
+    assert 1 <= checks < 40, f"{checks} loop checks for 40 actions"

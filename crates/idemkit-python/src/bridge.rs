@@ -42,6 +42,94 @@ pub(crate) struct Wake {
     pub(crate) tx: UnixStream,
     /// A weak reference to the event loop that drains the replies (`None`: not watched).
     pub(crate) event_loop: Option<Arc<Py<PyAny>>>,
+    /// Whether that loop is closed, as one watchdog of this bridge finds (`loop_closed`).
+    pub(crate) watch: LoopWatch,
+}
+
+/// The one watchdog of a bridge's event loop (review L8 of `e047556`: each running action
+/// had its own, so 2,000 long actions took the GIL 2,000 times a second). It runs while an
+/// action waits on it, checks the loop every [`LOOP_CHECK`], and ends when nobody waits.
+#[derive(Debug, Default)]
+pub(crate) struct LoopWatch {
+    /// Actions waiting to hear that the loop closed.
+    waiters: AtomicUsize,
+    /// A watchdog task runs (or is about to).
+    running: AtomicBool,
+    /// The loop was found closed or gone: for good.
+    closed: AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+/// How many times a watchdog checked its loop, in this process (tests: `_loop_checks`).
+pub(crate) static LOOP_CHECKS: AtomicU64 = AtomicU64::new(0);
+
+/// Whether `wake`'s event loop is closed or gone: its bridge's one watchdog checks it every
+/// [`LOOP_CHECK`] on a blocking thread (it takes the GIL), for all the actions waiting on
+/// it; never returns for a bridge without a loop.
+pub(crate) async fn loop_closed(wake: &Arc<Wake>) {
+    if wake.event_loop.is_none() {
+        return std::future::pending().await;
+    }
+    let watch = &wake.watch;
+    watch.waiters.fetch_add(1, Ordering::SeqCst);
+    struct Leaving<'a>(&'a AtomicUsize);
+    impl Drop for Leaving<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    let _leaving = Leaving(&watch.waiters);
+    let notified = watch.notify.notified();
+    tokio::pin!(notified);
+    // Registered before the flag is read: a watchdog that finds the loop closed after this
+    // read wakes this waiter.
+    notified.as_mut().enable();
+    if watch.closed.load(Ordering::SeqCst) {
+        return;
+    }
+    if !watch.running.swap(true, Ordering::SeqCst) {
+        tokio::spawn(watchdog(Arc::downgrade(wake)));
+    }
+    notified.await;
+}
+
+/// Checks the loop every [`LOOP_CHECK`] while actions wait on it; wakes them all once it is
+/// closed. Holds the bridge weakly: a bridge dropped ends it.
+async fn watchdog(wake: std::sync::Weak<Wake>) {
+    loop {
+        tokio::time::sleep(LOOP_CHECK).await;
+        let Some(wake) = wake.upgrade() else { return };
+        let watch = &wake.watch;
+        if watch.waiters.load(Ordering::SeqCst) == 0 {
+            // Nobody waits: end. A waiter that came after the read above and found this
+            // watchdog still running is seen by the second read, and kept watched.
+            watch.running.store(false, Ordering::SeqCst);
+            if watch.waiters.load(Ordering::SeqCst) == 0
+                || watch.running.swap(true, Ordering::SeqCst)
+            {
+                return;
+            }
+        }
+        let Some(event_loop) = wake.event_loop.clone() else {
+            return;
+        };
+        LOOP_CHECKS.fetch_add(1, Ordering::Relaxed);
+        let closed = tokio::task::spawn_blocking(move || {
+            // An interpreter that is shutting down runs no loop any more.
+            Python::try_attach(|py| {
+                let current = event_loop.bind(py).call0()?;
+                PyResult::Ok(current.is_none() || current.call_method0("is_closed")?.is_truthy()?)
+            })
+            .is_none_or(|closed| closed.unwrap_or(false))
+        })
+        .await
+        .unwrap_or(false);
+        if closed {
+            watch.closed.store(true, Ordering::SeqCst);
+            watch.notify.notify_waiters();
+            return;
+        }
+    }
 }
 
 impl Wake {
@@ -79,6 +167,7 @@ impl Bridge {
                 signalled: AtomicBool::new(false),
                 tx,
                 event_loop: event_loop_ref.map(Arc::new),
+                watch: LoopWatch::default(),
             }),
             rx,
         })

@@ -37,7 +37,7 @@
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -55,7 +55,7 @@ mod bridge;
 mod http;
 mod stores;
 
-use bridge::{Bridge, Reply, Wake};
+use bridge::{Bridge, Reply, Wake, loop_closed};
 use stores::{
     _panicking_store, Store, memory_store, migrate_inbox, postgres_store, redis_cluster_store,
     redis_store,
@@ -239,8 +239,8 @@ fn process_runtime() -> PyResult<Runtime> {
     Ok(runtime)
 }
 
-/// How often a call whose action runs checks that its event loop can still hear its
-/// outcome (only calls whose action outlasts it check at all).
+/// How often a bridge's watchdog checks that its event loop can still hear the outcomes of
+/// the actions running (only while one runs longer than this: `bridge::loop_closed`).
 const LOOP_CHECK: Duration = Duration::from_secs(1);
 
 fn seconds(name: &'static str, secs: f64) -> PyResult<Duration> {
@@ -273,6 +273,13 @@ fn on_cancel_of(mode: &str) -> PyResult<OnCancel> {
             "on_cancel must be 'keep' or 'release', got {other:?}"
         ))),
     }
+}
+
+/// How many times the bridges' watchdogs checked their event loops in this process: the
+/// tests' way to see that one watchdog serves every action of a loop (review L8).
+#[pyfunction]
+fn _loop_checks() -> u64 {
+    bridge::LOOP_CHECKS.load(Ordering::Relaxed)
 }
 
 /// The coordinator: one per process and store, shared by every task.
@@ -482,31 +489,6 @@ impl Coordinator {
             task: task.clone(),
         })?;
         Ok(Pending { call: handle, task })
-    }
-}
-
-/// Whether `wake`'s event loop is closed or gone: checked every [`LOOP_CHECK`], on a
-/// blocking thread (it takes the GIL); never returns for a bridge without a loop.
-async fn loop_closed(wake: &Wake) {
-    let Some(event_loop) = wake.event_loop.clone() else {
-        return std::future::pending().await;
-    };
-    loop {
-        tokio::time::sleep(LOOP_CHECK).await;
-        let event_loop = event_loop.clone();
-        let closed = tokio::task::spawn_blocking(move || {
-            // An interpreter that is shutting down runs no loop any more.
-            Python::try_attach(|py| {
-                let current = event_loop.bind(py).call0()?;
-                PyResult::Ok(current.is_none() || current.call_method0("is_closed")?.is_truthy()?)
-            })
-            .is_none_or(|closed| closed.unwrap_or(false))
-        })
-        .await
-        .unwrap_or(false);
-        if closed {
-            return;
-        }
     }
 }
 
@@ -760,6 +742,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(migrate_inbox, m)?)?;
     m.add_function(wrap_pyfunction!(validate, m)?)?;
     m.add_function(wrap_pyfunction!(_panicking_store, m)?)?;
+    m.add_function(wrap_pyfunction!(_loop_checks, m)?)?;
     http::register(m)?;
     Ok(())
 }
