@@ -14,9 +14,10 @@
 //!   crashed, was cut off or failed over until the lease ended): the receipt said
 //!   `stored: false` or the call failed after the effect, and a store fault covers it.
 //! - **completion unanswered**: as "completion failed", where the owner's call had not
-//!   returned (or its end was not logged: the Kafka worker logs a call once its message is
-//!   settled, never for a revoked partition's) when the next effect started, and a store
-//!   fault covers the time between the two effects.
+//!   returned (or its end was not logged: the Kafka worker logs a settled message's call
+//!   and, through `on_unsettled`, a revoked partition's, but not that of a message revoked
+//!   while the runner retried it in place) when the next effect started, and a store fault
+//!   covers the time between the two effects.
 //! - **effect reply lost**: the effect's own commit was confirmed to nobody (the queue
 //!   database's connection was cut mid-insert): the action failed, released the key, and
 //!   the row was there anyway.
@@ -303,8 +304,9 @@ fn explain(h: &History, earlier: &Row, later: &Row) -> Option<&'static str> {
     }
     // The earlier owner's call had not returned (nor been logged) when the later effect
     // started, and the store was faulted meanwhile: its completion was not stored before its
-    // lease ended. The Kafka worker logs a call's end only once its message is settled, which
-    // a message of a revoked partition never is, so a failed completion can leave no event.
+    // lease ended. The Kafka worker logs every call's end, settled or not (`on_unsettled`),
+    // except a message revoked while the runner retried it in place: that one's failed
+    // completion can leave no event, rarely.
     // Only once the earlier owner's lease can have ended: it reserved before its effect and
     // held the key at least a lease from then, so a later effect less than a lease after the
     // earlier one is a takeover before expiry, never explained by a fault (review L9 of

@@ -283,20 +283,23 @@ async fn kafka<S: Store>(
         .set("heartbeat.interval.ms", "300")
         .set("auto.commit.interval.ms", "200");
     let topic = args.get("--topic")?;
-    let log_ctx = ctx.clone();
+    // Every call's end is logged, settled or not: a call whose partition was revoked while it
+    // ran ends unsettled (review L9 of `e047556`: the checker then had to explain a second
+    // effect with the first call's end unlogged).
+    let log = |ctx: Arc<Ctx>| {
+        move |m: &OwnedMessage, processed: &idemkit_kafka::Processed<u64>| {
+            let Some(job) = job_of(m) else { return };
+            match (&processed.receipt, processed.error) {
+                (Some(r), _) => ctx.done(job, r.fencing.map_or(0, |f| f.get()), r.source, r.stored),
+                (None, kind) => ctx.failed(job, format!("{kind:?}")),
+            }
+        }
+    };
+    let (settled, unsettled) = (log(ctx.clone()), log(ctx.clone()));
     KafkaRunner::new(config, [topic.clone()], processor)
         .dead_letter_topic(format!("{topic}.dead"))
-        .on_settled(move |settled| {
-            let Some(job) = job_of(settled.message) else {
-                return;
-            };
-            match (&settled.processed.receipt, settled.processed.error) {
-                (Some(r), _) => {
-                    log_ctx.done(job, r.fencing.map_or(0, |f| f.get()), r.source, r.stored)
-                }
-                (None, kind) => log_ctx.failed(job, format!("{kind:?}")),
-            }
-        })
+        .on_settled(move |s| settled(s.message, s.processed))
+        .on_unsettled(unsettled)
         .run(std::future::pending::<()>())
         .await?;
     Ok(())

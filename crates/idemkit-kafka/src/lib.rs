@@ -173,6 +173,8 @@ pub enum RebalanceEvent {
 
 type RebalanceHook = Arc<dyn Fn(&RebalanceEvent) + Send + Sync>;
 
+type UnsettledHook<T> = Arc<dyn Fn(&OwnedMessage, &Processed<T>) + Send + Sync>;
+
 /// What the [`on_settled`](KafkaRunner::on_settled) hook is shown: one settled message
 /// (`delivered` is always 1: Kafka keeps no delivery count).
 pub type Settled<'a, T> = idemkit_runner::Settled<'a, OwnedMessage, T>;
@@ -184,6 +186,7 @@ pub struct KafkaRunner<S, K, H: Handle<OwnedMessage>> {
     settler: Settler<S, K, H, OwnedMessage>,
     dead_letter: Option<String>,
     on_rebalance: Option<RebalanceHook>,
+    on_unsettled: Option<UnsettledHook<H::Output>>,
     queue_depth: usize,
     batch: usize,
 }
@@ -221,6 +224,7 @@ where
             settler: Settler::new(processor),
             dead_letter: None,
             on_rebalance: None,
+            on_unsettled: None,
             queue_depth: 256,
             batch: 64,
         }
@@ -249,6 +253,34 @@ where
     /// consumer's rebalance callback: keep it short).
     pub fn on_rebalance(mut self, hook: impl Fn(&RebalanceEvent) + Send + Sync + 'static) -> Self {
         self.on_rebalance = Some(Arc::new(hook));
+        self
+    }
+
+    /// Called with each message whose call was started and ended after its partition was
+    /// revoked (or the runner shut down): the call ran to its end, and its result is stored
+    /// under its key for the partition's next owner to replay, but the message is not settled
+    /// here (no offset stored, no dead letter, no [`on_settled`](Self::on_settled)). For
+    /// logging and tests: with it, a call's end is seen, settled or not, except that of a
+    /// message revoked while the runner retried it in place (its last retry's end).
+    ///
+    /// ```no_run
+    /// # fn runner(r: idemkit_kafka::KafkaRunner<idemkit_core::MemoryStore,
+    /// #     fn(&rdkafka::message::OwnedMessage) -> Result<idemkit_core::Key, idemkit_core::KeyError>,
+    /// #     fn(rdkafka::message::OwnedMessage, idemkit_core::Attempt)
+    /// #         -> std::future::Ready<Result<(), std::io::Error>>>) {
+    /// use rdkafka::Message as _;
+    ///
+    /// let r = r.on_unsettled(|message, processed| {
+    ///     let stored = processed.receipt.as_ref().is_some_and(|r| r.stored);
+    ///     eprintln!("offset {} ended unsettled (result stored: {stored})", message.offset());
+    /// });
+    /// # }
+    /// ```
+    pub fn on_unsettled(
+        mut self,
+        hook: impl Fn(&OwnedMessage, &Processed<H::Output>) + Send + Sync + 'static,
+    ) -> Self {
+        self.on_unsettled = Some(Arc::new(hook));
         self
     }
 
@@ -328,6 +360,7 @@ where
             generations: revoked.clone(),
             batch: self.batch,
             drained: drained.clone(),
+            on_unsettled: self.on_unsettled,
         });
 
         let mut partitions: HashMap<(String, i32), Partition> = HashMap::new();
@@ -455,4 +488,5 @@ struct Shared<S, K, H: Handle<OwnedMessage>> {
     /// Notified whenever a partition task takes messages off its queue: room for what waits
     /// in the receive loop's overflow.
     drained: Arc<tokio::sync::Notify>,
+    on_unsettled: Option<UnsettledHook<H::Output>>,
 }

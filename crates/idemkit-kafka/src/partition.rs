@@ -103,7 +103,7 @@ pub(crate) async fn partition_task<S, K, H>(
                 m = queue.recv() => break m,
             };
             if !settle_oldest(&shared, &tp, &mut started, oldest_done, &current).await {
-                return finish(started).await;
+                return finish(&shared, started).await;
             }
         };
         let Some(m) = next else { break };
@@ -132,7 +132,7 @@ pub(crate) async fn partition_task<S, K, H>(
         for message in pending.drain(..) {
             if !current() {
                 // Revoked: the unused claims are released as they drop.
-                return finish(started).await;
+                return finish(&shared, started).await;
             }
             let claim = claims.next().flatten();
             let handled = Arc::new(tokio::sync::Notify::new());
@@ -161,7 +161,7 @@ pub(crate) async fn partition_task<S, K, H>(
                     joined = oldest => joined,
                 };
                 if !settle_oldest(&shared, &tp, &mut started, oldest_done, &current).await {
-                    return finish(started).await;
+                    return finish(&shared, started).await;
                 }
                 this_settled = newest;
             }
@@ -170,7 +170,7 @@ pub(crate) async fn partition_task<S, K, H>(
                 let (_, oldest) = started.front_mut().expect("non-empty");
                 let oldest_done = oldest.await;
                 if !settle_oldest(&shared, &tp, &mut started, oldest_done, &current).await {
-                    return finish(started).await;
+                    return finish(&shared, started).await;
                 }
             }
         }
@@ -180,7 +180,7 @@ pub(crate) async fn partition_task<S, K, H>(
     while let Some((_, oldest)) = started.front_mut() {
         let oldest_done = oldest.await;
         if !settle_oldest(&shared, &tp, &mut started, oldest_done, &current).await {
-            return finish(started).await;
+            return finish(&shared, started).await;
         }
     }
 }
@@ -209,6 +209,12 @@ where
         // Cancelled: the runtime is shutting down.
         Err(_) => return false,
     };
+    if !current() {
+        // Revoked before its call ended: not settled here (the next owner replays it), and
+        // its end shown to `on_unsettled`, as the other started calls' (`finish`).
+        unsettled(shared, &message, &processed);
+        return false;
+    }
     if !settle(shared, &message, processed, current).await {
         return false; // revoked while settling: the next owner has it
     }
@@ -221,14 +227,34 @@ where
 }
 
 /// A revoked or shut-down partition's started calls run to their end (their results are
-/// stored under their keys, so the next owner replays them); nothing more is settled.
-pub(crate) async fn finish<T>(started: Started<T>) {
-    for (_, call) in started {
-        if let Err(e) = call.await
-            && e.is_panic()
-        {
-            std::panic::resume_unwind(e.into_panic());
+/// stored under their keys, so the next owner replays them); nothing more is settled. Each
+/// one's end is shown to the `on_unsettled` hook, if there is one.
+pub(crate) async fn finish<S, K, H>(shared: &Shared<S, K, H>, started: Started<H::Output>)
+where
+    S: Store + Send + Sync + 'static,
+    K: Fn(&OwnedMessage) -> Result<Key, KeyError> + Send + Sync + 'static,
+    H: Handle<OwnedMessage> + 'static,
+{
+    for (message, call) in started {
+        match call.await {
+            Ok(processed) => unsettled(shared, &message, &processed),
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => {}
         }
+    }
+}
+
+/// Shows a call that ended unsettled to the `on_unsettled` hook, its panics caught.
+fn unsettled<S, K, H: Handle<OwnedMessage>>(
+    shared: &Shared<S, K, H>,
+    message: &OwnedMessage,
+    processed: &Processed<H::Output>,
+) {
+    if let Some(hook) = &shared.on_unsettled
+        && let Err(panic) =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hook(message, processed)))
+    {
+        tracing::error!(panic = ?panic.downcast_ref::<&str>(), "kafka runner: the on_unsettled hook panicked");
     }
 }
 

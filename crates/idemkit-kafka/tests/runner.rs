@@ -456,3 +456,98 @@ async fn two_consumers_with_a_rebalance_mid_stream_have_every_effect_once() {
         "without: the revoked in-flight orders mail twice: {without:?}"
     );
 }
+
+/// Review L9 of `e047556`: a call whose partition is revoked while it runs ends unsettled
+/// (its result stored for the next owner, no offset stored), and so far nobody saw its end:
+/// the chaos checker had to explain a second effect with the first call's end unlogged. Now
+/// the runner shows it to `on_unsettled`, never to `on_settled`. The handler holds until the
+/// member hears of the revocation (`on_rebalance`, told after the partition's generation
+/// moved), so the call certainly ends after it. Before: no such hook, and the ended call went
+/// through the settle loop to `on_settled` as if settled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_call_whose_partition_is_revoked_ends_unsettled_and_its_end_is_shown() {
+    let Some(brokers) = brokers() else { return };
+    let (topic, group, prefix) = (unique("orders"), unique("group"), unique("prefix"));
+    let mails = format!("{prefix}:mails");
+    create_topic(&brokers, &topic, 1).await;
+    produce(&producer(&brokers), &topic, 0, "order-1", "paid").await;
+    let revoked = Arc::new(AtomicBool::new(false));
+    // What the first member settled: each message with whether its call was the one that ran
+    // the effect (`Fresh`); after the revocation the partition may come back to it, and its
+    // replay of order-1 is settled then.
+    let settled = Arc::new(std::sync::Mutex::new(Vec::<(String, bool)>::new()));
+    let unsettled = Arc::new(std::sync::Mutex::new(Vec::<(String, bool)>::new()));
+    let (settled_in, unsettled_in, revoked_in) =
+        (settled.clone(), unsettled.clone(), revoked.clone());
+    let stop_a = Arc::new(tokio::sync::Notify::new());
+    let sa = stop_a.clone();
+    let a = KafkaRunner::new(
+        consumer_config(&brokers, &group),
+        [topic.clone()],
+        processor(
+            store(&prefix).await,
+            mails.clone(),
+            true,
+            Some(revoked.clone()),
+            None,
+        ),
+    )
+    .on_rebalance(move |e| {
+        if matches!(e, idemkit_kafka::RebalanceEvent::Revoked(tps) if !tps.is_empty()) {
+            revoked_in.store(true, Ordering::SeqCst);
+        }
+    })
+    .on_settled(move |s| {
+        let fresh =
+            s.processed.receipt.as_ref().map(|r| r.source) == Some(idemkit_core::Source::Fresh);
+        settled_in
+            .lock()
+            .unwrap()
+            .push((order_of(s.message), fresh));
+    })
+    .on_unsettled(move |m, processed| {
+        let stored = processed.receipt.as_ref().is_some_and(|r| r.stored);
+        unsettled_in.lock().unwrap().push((order_of(m), stored));
+    });
+    let a = spawn_runner(a.run(async move { sa.notified().await }));
+    // The first member is mid-handler, holding until its partition is revoked.
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            !effects(&mails).await.is_empty()
+        })
+        .await
+    );
+    // A second member joins: the group rebalances, and the first member's partition is
+    // revoked (the classic protocol revokes every partition at a rebalance).
+    let stop_b = Arc::new(tokio::sync::Notify::new());
+    let sb = stop_b.clone();
+    let b = KafkaRunner::new(
+        consumer_config(&brokers, &group),
+        [topic.clone()],
+        processor(store(&prefix).await, mails.clone(), true, None, None),
+    );
+    let b = spawn_runner(b.run(async move { sb.notified().await }));
+    let shown = eventually(Duration::from_secs(90), || async {
+        !unsettled.lock().unwrap().is_empty()
+    })
+    .await;
+    stop_a.notify_one();
+    stop_b.notify_one();
+    a.await.unwrap();
+    b.await.unwrap();
+    assert!(shown, "the revoked call's end was never shown");
+    assert_eq!(
+        *unsettled.lock().unwrap(),
+        [("order-1".to_string(), true)],
+        "shown once, its result stored"
+    );
+    assert!(
+        !settled
+            .lock()
+            .unwrap()
+            .contains(&("order-1".to_string(), true)),
+        "the unsettled call shown as settled: {:?}",
+        settled.lock().unwrap()
+    );
+    assert_eq!(effects(&mails).await.get("order-1"), Some(&1), "one effect");
+}
