@@ -1,8 +1,9 @@
 //! Listing and fenced removal for operators' tools ([`Scan`]): keyset pagination on the
 //! table's primary key, one statement per page; a removal is one transaction.
 
-use idemkit_core::scan::{Listed, Scan, ScanCursor, ScanPage};
+use idemkit_core::scan::{Scan, ScanCursor, ScanPage};
 use idemkit_core::{FencingToken, Operation, StorageKey, StoreError};
+use idemkit_sql::scan::{self, Page};
 use sqlx::Row as _;
 
 use crate::MySqlStore;
@@ -49,28 +50,19 @@ impl Scan for MySqlStore {
         cursor: Option<&ScanCursor>,
         count: usize,
     ) -> Result<ScanPage, StoreError> {
-        let count = count.clamp(1, 10_000);
-        // ':' + 1 is ';': the keys of one operation are the range [`op:`, `op;`).
-        let (from, until) = match operation {
-            Some(op) => (
-                format!("{}:", op.as_str()),
-                Some(format!("{};", op.as_str())),
-            ),
-            None => (String::new(), None),
-        };
+        let mut page = Page::new(count);
+        let (from, until) = scan::range(operation);
         let rows = sqlx::query(&self.inner.sql.scan)
             .bind(cursor.map_or("", ScanCursor::as_str))
             .bind(&from)
             .bind(until.as_deref())
             .bind(until.as_deref())
-            .bind(count as i64)
+            .bind(page.limit() as i64)
             .fetch_all(&self.inner.pool)
             .await
             .map_err(|e| self.err(e))?;
         let get = |e| self.err(e);
-        let mut entries = Vec::with_capacity(rows.len());
         let mut now_ms = None;
-        let mut last = None;
         for row in &rows {
             let bytes: Vec<u8> = row.try_get(0).map_err(get)?;
             now_ms = Some(row.try_get::<i64, _>(12).map_err(get)?);
@@ -78,22 +70,19 @@ impl Scan for MySqlStore {
             let state: i16 = row.try_get(2).map_err(get)?;
             // Keys are written from `&str`: one that is not UTF-8 was not written by idemkit
             // (it is not listed; the cursor moves past it as text).
-            let (text, ours) = match String::from_utf8(bytes) {
-                Ok(text) => (text, true),
-                Err(e) => (String::from_utf8_lossy(e.as_bytes()).into_owned(), false),
+            let key = match String::from_utf8(bytes) {
+                Ok(text) => page.row(text),
+                Err(e) => {
+                    page.skip(String::from_utf8_lossy(e.as_bytes()).into_owned());
+                    None
+                }
             };
-            let parsed = ours.then(|| StorageKey::parse(&text)).flatten();
-            last = Some(text);
-            // A key that is not a storage key was not written by idemkit: not listed.
-            let Some((op, scope, key)) = parsed else {
+            // Not a key idemkit wrote, or a row kept only for its fencing token.
+            let Some(key) = key.filter(|_| state != RELEASED) else {
                 continue;
             };
-            if state == RELEASED {
-                continue;
-            }
-            let key = StorageKey::new(&op, scope.as_ref(), &key);
             let record = read_record(row, 1, &key).map_err(get)?.ok();
-            entries.push(Listed::new(key, record, size.max(0) as u64));
+            page.list(key, record, size);
         }
         let now_ms = match now_ms {
             Some(n) => n,
@@ -102,10 +91,7 @@ impl Scan for MySqlStore {
                 .await
                 .map_err(|e| self.err(e))?,
         };
-        let next = (rows.len() == count)
-            .then(|| last.map(ScanCursor::new))
-            .flatten();
-        Ok(ScanPage::new(entries, next, now_ms.max(0) as u64))
+        Ok(page.finish(now_ms))
     }
 
     async fn remove(&self, key: &StorageKey, fencing: FencingToken) -> Result<bool, StoreError> {

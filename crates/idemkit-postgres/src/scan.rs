@@ -1,8 +1,9 @@
 //! Listing and fenced removal for operators' tools ([`Scan`]): keyset pagination on the
 //! records table's primary key, one statement per page; removal is one statement.
 
-use idemkit_core::scan::{Listed, Scan, ScanCursor, ScanPage};
+use idemkit_core::scan::{Scan, ScanCursor, ScanPage};
 use idemkit_core::{FencingToken, Operation, StorageKey, StoreError};
+use idemkit_sql::scan::{self, Page};
 use sqlx::Row as _;
 
 use crate::PgStore;
@@ -40,40 +41,28 @@ impl Scan for PgStore {
         cursor: Option<&ScanCursor>,
         count: usize,
     ) -> Result<ScanPage, StoreError> {
-        let count = count.clamp(1, 10_000);
-        // ':' + 1 is ';': the keys of one operation are the range [`op:`, `op;`).
-        let (from, until) = match operation {
-            Some(op) => (
-                format!("{}:", op.as_str()),
-                Some(format!("{};", op.as_str())),
-            ),
-            None => (String::new(), None),
-        };
+        let mut page = Page::new(count);
+        let (from, until) = scan::range(operation);
         let rows = sqlx::query(&self.inner.sql.scan)
             .bind(cursor.map_or("", ScanCursor::as_str))
             .bind(&from)
             .bind(until.as_deref())
-            .bind(count as i64)
+            .bind(page.limit() as i64)
             .fetch_all(&self.inner.pool)
             .await
             .map_err(|e| self.err(e))?;
         let get = |e| self.err(e);
-        let mut entries = Vec::with_capacity(rows.len());
         let mut now_ms = None;
-        let mut last = None;
         for row in &rows {
             let text: String = row.try_get(0).map_err(get)?;
             now_ms = Some(row.try_get::<i64, _>(11).map_err(get)?);
             let size: i64 = row.try_get(10).map_err(get)?;
-            let parsed = StorageKey::parse(&text);
-            last = Some(text);
             // A row whose key is not a storage key was not written by idemkit: not listed.
-            let Some((op, scope, key)) = parsed else {
+            let Some(key) = page.row(text) else {
                 continue;
             };
-            let key = StorageKey::new(&op, scope.as_ref(), &key);
             let record = read_record(row, 1, &key).map_err(get)?.ok();
-            entries.push(Listed::new(key, record, size.max(0) as u64));
+            page.list(key, record, size);
         }
         let now_ms = match now_ms {
             Some(n) => n,
@@ -82,10 +71,7 @@ impl Scan for PgStore {
                 .await
                 .map_err(|e| self.err(e))?,
         };
-        let next = (rows.len() == count)
-            .then(|| last.map(ScanCursor::new))
-            .flatten();
-        Ok(ScanPage::new(entries, next, now_ms.max(0) as u64))
+        Ok(page.finish(now_ms))
     }
 
     async fn remove(&self, key: &StorageKey, fencing: FencingToken) -> Result<bool, StoreError> {

@@ -27,6 +27,7 @@ pub mod guess;
 mod handler;
 mod inbox;
 pub mod row;
+pub mod scan;
 mod tx;
 
 pub use handler::{HandlerError, InboxHandler, InboxTx};
