@@ -32,6 +32,11 @@
 //!   ([`prefetch`](RabbitRunner::prefetch), by default the same number) bounds how many
 //!   unacknowledged messages the broker hands this runner. A handler that returned a value
 //!   gives its place to the next message while its result is stored and its message acked.
+//! - **Batch claims.** The deliveries the channel holds at once, as far as handler places
+//!   are free, are claimed together: their keys reserved in one store round trip
+//!   (`Store::begin_many`), as the Kafka runner claims a partition's batch; then each is
+//!   handled at once, in a task of its own, under the same lease rules as a single call. A
+//!   delivery that comes alone is handled as before (no added latency).
 //! - **A redelivery of a message that is still running** (another worker's, whose channel
 //!   the broker closed) finds the key reserved and waits for the owner's result, woken by
 //!   the store's push, then acks with the replayed receipt; the owner's own ack fails, which
@@ -76,6 +81,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod claim;
 mod dead_letter;
 mod message;
 
@@ -85,7 +91,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use futures_util::StreamExt as _;
+use futures_util::{FutureExt as _, StreamExt as _};
 use idemkit_core::{Key, KeyError, Store};
 use idemkit_runner::{Settler, Transport};
 /// The AMQP client this crate is built on, so an application declares its queues with the
@@ -382,30 +388,31 @@ where
                     () = &mut shutdown => break 'connect,
                     d = consumer.next() => d,
                 };
-                match delivery {
-                    Some(Ok(delivery)) => {
-                        let (message, acker) = Message::split(delivery);
-                        let (shared, session) = (shared.clone(), session.clone());
-                        tasks.spawn(async move {
-                            // The slot goes with the handler's value, or with the settlement.
-                            let slot = idemkit_runner::HandlerSlot::new(slot);
-                            handle(&shared, &session, message, acker, || slot.give_back()).await;
-                            drop(slot);
-                        });
-                    }
-                    Some(Err(e)) => {
-                        // Followed by the stream's end: the channel or connection is gone.
-                        tracing::warn!(error = %e, queue = shared.queue,
-                            "rabbitmq runner: the consumer failed; connecting again");
+                let delivery = match delivery {
+                    Some(Ok(delivery)) => delivery,
+                    end => {
+                        consumer_ended(&shared.queue, end);
                         break;
                     }
-                    None => {
-                        tracing::warn!(
-                            queue = shared.queue,
-                            "rabbitmq runner: the broker cancelled the consumer; consuming again"
-                        );
-                        break;
+                };
+                // What else the channel has already delivered, as far as handler slots are
+                // free (the prefetch window): claimed with it in one `begin_many`.
+                let mut batch = vec![(delivery, slot)];
+                let mut end = None;
+                while let Ok(slot) = slots.clone().try_acquire_owned() {
+                    match consumer.next().now_or_never() {
+                        Some(Some(Ok(delivery))) => batch.push((delivery, slot)),
+                        Some(other) => {
+                            end = Some(other);
+                            break;
+                        }
+                        None => break,
                     }
+                }
+                claim::dispatch(&mut tasks, &shared, &session, batch);
+                if let Some(end) = end {
+                    consumer_ended(&shared.queue, end);
+                    break;
                 }
                 while tasks.try_join_next().is_some() {}
             }
@@ -520,11 +527,27 @@ async fn open(
     ))
 }
 
-async fn handle<S, K, H>(
+/// The consumer's stream failed or ended: the channel or connection is gone, or the broker
+/// cancelled the consumer. Either way the runner consumes again.
+fn consumer_ended(queue: &str, end: Option<Result<lapin::message::Delivery, lapin::Error>>) {
+    match end {
+        Some(Err(e)) => tracing::warn!(error = %e, queue,
+            "rabbitmq runner: the consumer failed; connecting again"),
+        _ => tracing::warn!(
+            queue,
+            "rabbitmq runner: the broker cancelled the consumer; consuming again"
+        ),
+    }
+}
+
+/// Handles one delivery: its call (with its key claimed already when it came in a batch),
+/// its settlement, its ack.
+pub(crate) async fn handle<S, K, H>(
     shared: &Shared<S, K, H>,
     session: &Session,
     message: Message,
     acker: Acker,
+    claim: Option<idemkit_core::Prepared<S>>,
     handled: impl FnOnce() + Send,
 ) where
     S: Store + Send + Sync + 'static,
@@ -542,7 +565,7 @@ async fn handle<S, K, H>(
     let first = shared
         .settler
         .processor()
-        .process_signalled(&message, None, 1, handled)
+        .process_signalled(&message, claim, 1, handled)
         .await;
     let settled = shared
         .settler

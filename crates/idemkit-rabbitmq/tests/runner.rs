@@ -538,3 +538,60 @@ async fn a_missing_queue_is_an_error_at_start() {
         "{ran:?}"
     );
 }
+
+/// Issue 51, item 3: the deliveries the channel holds at once (the prefetch window) are
+/// claimed together, in one `begin_many`, as the Kafka runner claims a partition's batch;
+/// each is then handled with its claim, once. Sixteen messages wait in the queue before the
+/// runner starts, so the broker pushes them in one burst. Before: a `begin` each, no
+/// `begin_many` (the probe counted 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn deliveries_that_arrive_together_are_claimed_in_one_store_call() {
+    let Some(uri) = server() else { return };
+    let ch = channel(&uri).await;
+    let q = unique("claims");
+    queue(&ch, &q, false, None).await;
+    for i in 0..16 {
+        publish(&ch, &q, &format!("order-{i}")).await;
+    }
+    let probe = idemkit_test::Probe::new(idemkit_core::MemoryStore::new());
+    let runs = Arc::new(AtomicU32::new(0));
+    let handler_runs = runs.clone();
+    let processor = Processor::builder(
+        Coordinator::new(probe.clone()),
+        Operation::new("mail.invoice").unwrap(),
+    )
+    .key(|m: &Message| Key::compose([m.text().unwrap_or(""), "invoice"]))
+    .handler(move |m: Message, _| {
+        let runs = handler_runs.clone();
+        async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, std::io::Error>(format!("em_{}", m.text().unwrap_or("")))
+        }
+    });
+    let settled = Arc::new(AtomicU32::new(0));
+    let all = Arc::new(tokio::sync::Notify::new());
+    let (count, done) = (settled.clone(), all.clone());
+    let stop = spawn(|rx| {
+        RabbitRunner::new(&uri, &q, processor)
+            .concurrency(16)
+            .on_settled(move |_| {
+                if count.fetch_add(1, Ordering::SeqCst) + 1 == 16 {
+                    done.notify_one();
+                }
+            })
+            .run(until(rx))
+    });
+    tokio::time::timeout(Duration::from_secs(60), all.notified())
+        .await
+        .expect("all sixteen settled");
+    stop.stop().await;
+    let counts = probe.counts();
+    eprintln!("sixteen deliveries: {counts:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 16, "each handled once");
+    assert_eq!(counts.begin, 16, "each key claimed once: {counts:?}");
+    assert!(
+        (1..16).contains(&counts.begin_many),
+        "the burst claimed in batches, not one key at a time: {counts:?}"
+    );
+    assert_eq!(ready(&ch, &q).await, 0, "every message acked");
+}

@@ -60,6 +60,9 @@ pub struct ProbeCounts {
     pub wait: usize,
     /// `get` calls.
     pub get: usize,
+    /// `begin_many` calls (a batch's claim). The probe sends a batch's keys on one by one,
+    /// each counted as a `begin` too, so every fault and count of `begin` applies to them.
+    pub begin_many: usize,
 }
 
 impl ProbeCounts {
@@ -77,7 +80,7 @@ impl ProbeCounts {
 
 #[derive(Debug, Default)]
 struct State {
-    calls: [AtomicUsize; 6],
+    calls: [AtomicUsize; 7],
     faults: [AtomicBool; 5],
     /// Per phase: how many of the next calls never answer (a store that accepted the
     /// request and went silent).
@@ -255,6 +258,7 @@ impl<S: Store> Probe<S> {
             release: c(3),
             wait: c(4),
             get: c(5),
+            begin_many: c(6),
         }
     }
 
@@ -336,6 +340,15 @@ impl<S: Store> Store for Probe<S> {
         self.enter(0, Some(Fault::Begin)).await?;
         let answer = self.inner.begin(req).await;
         self.reply(Fault::Begin, answer).await
+    }
+
+    async fn begin_many(&self, reqs: &[BeginRequest<'_>]) -> Vec<Result<Claim, StoreError>> {
+        self.state.calls[6].fetch_add(1, Ordering::SeqCst);
+        let mut claims = Vec::with_capacity(reqs.len());
+        for req in reqs {
+            claims.push(self.begin(req).await);
+        }
+        claims
     }
 
     async fn renew(
