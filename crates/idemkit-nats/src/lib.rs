@@ -35,6 +35,11 @@
 //!   runner asks the server for no more messages per pull than `concurrency`: a message
 //!   never waits in the client's buffer long enough for its `ack_wait` to run out before it
 //!   starts.
+//! - **Batch claims.** The messages a pull has brought at once, as far as handler places
+//!   are free, are claimed together: their keys reserved in one store round trip
+//!   (`Store::begin_many`), as the Kafka runner claims a partition's batch; then each is
+//!   handled at once, in a task of its own, under the same lease rules as a single call. A
+//!   message that comes alone is handled as before (no added latency).
 //! - **Shutdown.** [`JetStreamRunner::run`] stops pulling when its `shutdown` future
 //!   completes and lets the running handlers finish and settle. Messages pulled but not yet
 //!   started are not acked: the broker redelivers them after `ack_wait`.
@@ -69,6 +74,8 @@
 //! # Ok(()) }
 //! ```
 
+mod claim;
+
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -79,7 +86,7 @@ use std::time::Duration;
 pub use async_nats;
 use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::{AckKind, Message};
-use futures_util::StreamExt as _;
+use futures_util::{FutureExt as _, StreamExt as _};
 use idemkit_core::{Key, KeyError, Store};
 pub use idemkit_runner::{Handle, Processed, Processor, RetryPolicy, Settlement};
 use idemkit_runner::{Settler, Transport};
@@ -238,14 +245,34 @@ where
                     continue;
                 }
                 Some(Ok(m)) => {
-                    let shared = shared.clone();
-                    tasks.spawn(async move {
-                        // The slot goes with the handler's value, or with the settlement.
-                        let slot = idemkit_runner::HandlerSlot::new(slot);
-                        handle(&shared, m, || slot.give_back()).await;
-                        drop(slot);
-                        drop(place);
-                    });
+                    // What else the pull has brought already, as far as handler slots are
+                    // free: claimed with it in one `begin_many`.
+                    let mut batch = vec![(m, slot, place)];
+                    let mut ended = false;
+                    loop {
+                        let Ok(place) = places.clone().try_acquire_owned() else {
+                            break;
+                        };
+                        let Ok(slot) = slots.clone().try_acquire_owned() else {
+                            break;
+                        };
+                        match messages.next().now_or_never() {
+                            Some(Some(Ok(m))) => batch.push((m, slot, place)),
+                            Some(Some(Err(e))) => {
+                                tracing::warn!(error = %e, "jetstream runner: receive failed");
+                                break;
+                            }
+                            Some(None) => {
+                                ended = true;
+                                break;
+                            }
+                            None => break,
+                        }
+                    }
+                    claim::dispatch(&mut tasks, &shared, batch);
+                    if ended {
+                        break;
+                    }
                 }
             }
             while tasks.try_join_next().is_some() {}
@@ -263,8 +290,14 @@ where
 /// the store and to their ack.
 const PLACES_PER_SLOT: usize = 4;
 
-async fn handle<S, K, H>(shared: &Shared<S, K, H>, message: Message, handled: impl FnOnce() + Send)
-where
+/// Handles one message: its call (with its key claimed already when it came in a batch),
+/// its settlement with in-progress acks beside it, its ack.
+pub(crate) async fn handle<S, K, H>(
+    shared: &Shared<S, K, H>,
+    message: Message,
+    claim: Option<idemkit_core::Prepared<S>>,
+    handled: impl FnOnce() + Send,
+) where
     S: Store + Send + Sync + 'static,
     K: Fn(&Message) -> Result<Key, KeyError> + Send + Sync + 'static,
     H: Handle<Message> + 'static,
@@ -282,7 +315,7 @@ where
         let first = shared
             .settler
             .processor()
-            .process_signalled(&message, None, 1, handled)
+            .process_signalled(&message, claim, 1, handled)
             .await;
         shared
             .settler

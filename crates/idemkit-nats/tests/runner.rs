@@ -374,3 +374,61 @@ async fn a_worker_killed_mid_handler_leaves_the_message_to_the_next_one() {
     // once the dead one's lease (2 s) expires, and mails once.
     assert_eq!(mails.get("order-3").copied(), Some(1), "{mails:?}");
 }
+
+/// Issue 51, item 3: the messages a pull brings at once are claimed together, in one
+/// `begin_many`, as the Kafka runner claims a partition's batch; each is then handled with its
+/// claim, once. Sixteen messages wait in the stream before the runner starts, so its first
+/// pull brings them together. Before: a `begin` each, no `begin_many` (the probe counted 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn messages_that_arrive_together_are_claimed_in_one_store_call() {
+    let Some(url) = server() else { return };
+    let s = setup(&url, Duration::from_secs(30)).await;
+    for i in 0..16 {
+        s.publish(&format!("order-{i}")).await;
+    }
+    let probe = idemkit_test::Probe::new(idemkit_core::MemoryStore::new());
+    let runs = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let handler_runs = runs.clone();
+    let processor = Processor::builder(
+        Coordinator::new(probe.clone()),
+        Operation::new("mail.invoice").unwrap(),
+    )
+    .key(|m: &Message| Key::compose([order_of(m).as_str(), "invoice"]))
+    .handler(move |m: Message, _| {
+        let runs = handler_runs.clone();
+        async move {
+            runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok::<_, std::io::Error>(format!("em_{}", order_of(&m)))
+        }
+    });
+    let settled = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let all = Arc::new(tokio::sync::Notify::new());
+    let (count, done) = (settled.clone(), all.clone());
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let stopped = stop.clone();
+    let runner = JetStreamRunner::new(s.consumer().await, processor)
+        .concurrency(16)
+        .on_settled(move |_| {
+            if count.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == 16 {
+                done.notify_one();
+            }
+        });
+    let task = tokio::spawn(runner.run(async move { stopped.notified().await }));
+    tokio::time::timeout(Duration::from_secs(60), all.notified())
+        .await
+        .expect("all sixteen settled");
+    stop.notify_one();
+    task.await.unwrap().unwrap();
+    let counts = probe.counts();
+    eprintln!("sixteen messages: {counts:?}");
+    assert_eq!(
+        runs.load(std::sync::atomic::Ordering::SeqCst),
+        16,
+        "each handled once"
+    );
+    assert_eq!(counts.begin, 16, "each key claimed once: {counts:?}");
+    assert!(
+        (1..16).contains(&counts.begin_many),
+        "the pull claimed in batches, not one key at a time: {counts:?}"
+    );
+}

@@ -70,6 +70,7 @@
 //! [`Error::Config`]: idemkit_core::Error::Config
 #![forbid(unsafe_code)]
 
+mod claim;
 mod handle;
 mod processor;
 mod settle;
@@ -77,6 +78,7 @@ mod settlement;
 mod slot;
 mod unwind;
 
+pub use claim::handle_together;
 pub use handle::Handle;
 pub use processor::{Processed, Processor, ProcessorBuilder};
 pub use settle::{Final, Settled, Settler, Transport};
