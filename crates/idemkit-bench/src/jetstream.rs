@@ -111,36 +111,17 @@ pub(crate) async fn run(
         }
     }
     let _ = js.delete_stream(&name).await;
-    let medians: Vec<f64> = results
-        .iter_mut()
-        .map(|r| {
-            r.sort_by(f64::total_cmp);
-            r[r.len() / 2]
-        })
+    let cases: Vec<(String, bool, Duration, Vec<f64>)> = MODES
+        .iter()
+        .zip(results)
+        .map(|(mode, rounds)| (mode.name(), mode.protected, mode.handler, rounds))
         .collect();
-    let mut rows = Vec::new();
-    let mut out = format!(
-        "JetStream consumer: {messages} messages, concurrency 16, server {nats_url}, store {redis_url}; median of {rounds} interleaved rounds\n\n\
-         | case | messages/s | vs idempotency off |\n|---|---|---|\n"
-    );
-    for (mode, per_sec) in MODES.iter().zip(&medians) {
-        let off = MODES
-            .iter()
-            .zip(&medians)
-            .find(|(o, _)| !o.protected && o.handler == mode.handler)
-            .map_or(f64::NAN, |(_, o)| *o);
-        out.push_str(&format!(
-            "| {} | {per_sec:.0} | {:.2}× |\n",
-            mode.name(),
-            per_sec / off
-        ));
-        rows.push(ConsumerRow {
-            case: mode.name(),
-            per_sec: *per_sec,
-            vs_off: per_sec / off,
-        });
-    }
-    Ok((out, rows))
+    Ok(crate::kafka::runner_table(
+        format!(
+            "JetStream consumer: {messages} messages, concurrency 16, server {nats_url}, store {redis_url}; median of {rounds} interleaved rounds"
+        ),
+        &cases,
+    ))
 }
 
 /// Consumes `n` messages with a new durable consumer; messages per second between the

@@ -93,6 +93,57 @@ pub(crate) struct ConsumerRow {
     pub(crate) vs_off: f64,
 }
 
+/// A runner's cases as a table and rows: each case's median round, the spread of its rounds
+/// (slowest to fastest) beside it, and its ratio to idempotency off with the same handler,
+/// with the spread of that ratio round by round (rounds are interleaved, so round `i` of
+/// both cases ran side by side). `cases`: each case's name, whether idemkit is on, its
+/// handler's time, and its messages/s per round.
+pub(crate) fn runner_table(
+    title: String,
+    cases: &[(String, bool, Duration, Vec<f64>)],
+) -> (String, Vec<ConsumerRow>) {
+    let median = |r: &[f64]| {
+        let mut r = r.to_vec();
+        r.sort_by(f64::total_cmp);
+        r.get(r.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    let spread = |r: &[f64]| {
+        let lo = r.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = r.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        (lo, hi)
+    };
+    let mut out = format!(
+        "{title}\n\n| case | messages/s (median) | rounds' spread | vs idempotency off | its spread |\n|---|---|---|---|---|\n"
+    );
+    let mut rows = Vec::new();
+    for (name, protected, handler, rounds) in cases {
+        let per_sec = median(rounds);
+        let off = cases
+            .iter()
+            .find(|(_, p, h, _)| !p && h == handler)
+            .map(|(_, _, _, r)| r);
+        let (vs_off, ratios) = match off {
+            Some(off) if *protected => {
+                let ratios: Vec<f64> = rounds.iter().zip(off).map(|(a, b)| a / b).collect();
+                (per_sec / median(off), Some(spread(&ratios)))
+            }
+            Some(off) => (per_sec / median(off), None),
+            None => (f64::NAN, None),
+        };
+        let (lo, hi) = spread(rounds);
+        let ratio_spread = ratios.map_or("-".to_string(), |(a, b)| format!("{a:.2}–{b:.2}×"));
+        out.push_str(&format!(
+            "| {name} | {per_sec:.0} | {lo:.0}–{hi:.0} | {vs_off:.2}× | {ratio_spread} |\n"
+        ));
+        rows.push(ConsumerRow {
+            case: name.clone(),
+            per_sec,
+            vs_off,
+        });
+    }
+    (out, rows)
+}
+
 struct Measured {
     per_sec: f64,
     /// Script calls (`EVALSHA`): the store's round trips.

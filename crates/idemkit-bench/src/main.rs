@@ -267,7 +267,10 @@ fn main() -> ExitCode {
     if let Some(uri) = &args.rabbitmq {
         let messages = args.kafka_messages;
         match runtime.block_on(rabbitmq::run(uri, &args.store, messages, args.rounds)) {
-            Ok(report) => print!("\n{report}"),
+            Ok((report, rows)) => {
+                print!("\n{report}");
+                consumers.rabbitmq = Some((report, rows));
+            }
             Err(e) => {
                 eprintln!("idemkit-bench: RabbitMQ: {e}");
                 return ExitCode::FAILURE;
@@ -291,7 +294,11 @@ fn main() -> ExitCode {
         eprintln!("MySQL at {url}");
         let version = runtime.block_on(mysql::server_version(url));
         match runtime.block_on(mysql::run(url, args.ops, args.rounds)) {
-            Ok(report) => print!("\nMySQL server {}\n{report}", version.unwrap_or_default()),
+            Ok(report) => {
+                let server = format!("MySQL server {}", version.unwrap_or_default());
+                print!("\n{server}\n{report}");
+                consumers.mysql = Some((server, report));
+            }
             Err(e) => {
                 eprintln!("idemkit-bench: MySQL: {e}");
                 return ExitCode::FAILURE;

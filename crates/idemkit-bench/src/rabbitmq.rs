@@ -66,7 +66,7 @@ pub(crate) async fn run(
     redis_url: &str,
     messages: usize,
     rounds: usize,
-) -> Result<String, String> {
+) -> Result<(String, Vec<crate::kafka::ConsumerRow>), String> {
     let connection = Connection::connect(uri, ConnectionProperties::default())
         .await
         .map_err(|e| e.to_string())?;
@@ -94,30 +94,17 @@ pub(crate) async fn run(
                 .await;
         }
     }
-    let medians: Vec<f64> = results
-        .iter_mut()
-        .map(|r| {
-            r.sort_by(f64::total_cmp);
-            r[r.len() / 2]
-        })
+    let cases: Vec<(String, bool, Duration, Vec<f64>)> = MODES
+        .iter()
+        .zip(results)
+        .map(|(mode, rounds)| (mode.name(), mode.protected, mode.handler, rounds))
         .collect();
-    let mut out = format!(
-        "RabbitMQ consumer: {messages} messages, concurrency 16, prefetch 16, classic queue, broker {uri}, store {redis_url}; median of {rounds} interleaved rounds\n\n\
-         | case | messages/s | vs idempotency off |\n|---|---|---|\n"
-    );
-    for (mode, per_sec) in MODES.iter().zip(&medians) {
-        let off = MODES
-            .iter()
-            .zip(&medians)
-            .find(|(o, _)| !o.protected && o.handler == mode.handler)
-            .map_or(f64::NAN, |(_, o)| *o);
-        out.push_str(&format!(
-            "| {} | {per_sec:.0} | {:.2}× |\n",
-            mode.name(),
-            per_sec / off
-        ));
-    }
-    Ok(out)
+    Ok(crate::kafka::runner_table(
+        format!(
+            "RabbitMQ consumer: {messages} messages, concurrency 16, prefetch 16, classic queue, broker {uri}, store {redis_url}; median of {rounds} interleaved rounds"
+        ),
+        &cases,
+    ))
 }
 
 /// A new queue holding `n` orders, published with confirms.
