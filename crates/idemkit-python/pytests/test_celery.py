@@ -148,9 +148,14 @@ def test_two_workers_racing_one_task_after_its_visibility_timeout_mail_once():
         for w in workers:
             w.wait_ready()
         client(env).send_task("invoices.send", args=["order-7"], queue=env["INVOICE_QUEUE"])
-        wait_for(lambda: store.llen(f"{prefix}:returned") == 2, timeout=120, what="both deliveries")
+        # At least two: the second worker's own delivery also outlives the visibility timeout
+        # while it waits, so a restore sweep may deliver the task a third time (to whichever
+        # worker is free), a replay too. Waiting for exactly two missed that third one's
+        # entry (two copies of the suite at once: both timed out with three, all `em_1`).
+        wait_for(lambda: store.llen(f"{prefix}:returned") >= 2, timeout=120, what="both deliveries")
         assert store.llen(f"{prefix}:mails") == 1
-        assert store.lrange(f"{prefix}:returned", 0, -1) == [b"em_1", b"em_1"]
+        returned = store.lrange(f"{prefix}:returned", 0, -1)
+        assert len(returned) >= 2 and set(returned) == {b"em_1"}, returned
     finally:
         for w in workers:
             w.stop()
