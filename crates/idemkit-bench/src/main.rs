@@ -21,6 +21,7 @@ mod jetstream;
 mod kafka;
 mod measure;
 mod mysql;
+mod plots;
 mod postgres;
 mod publish;
 mod rabbitmq;

@@ -38,6 +38,31 @@ fn the_benchmark_writes_its_tables_and_plots() {
     if let (Some(b), Some(n)) = (&brokers, &nats) {
         cmd.args(["--kafka", b, "--jetstream", n, "--kafka-messages", "500"]);
     }
+    // The RabbitMQ runner and the MySQL store (the machine's, or scripts/test's URLs): their
+    // tables and targets are written too (issue 51).
+    let amqp = std::env::var("IDEMKIT_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
+    let mysql = std::env::var("IDEMKIT_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
+    let reachable = |port: u16| std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+    let rabbitmq = idemkit_test::require_service(
+        "RabbitMQ (IDEMKIT_AMQP_URL)",
+        std::env::var_os("IDEMKIT_AMQP_URL").is_some() || reachable(5672),
+    );
+    if rabbitmq {
+        cmd.args(["--rabbitmq", &amqp]);
+        if brokers.is_none() || nats.is_none() {
+            // Small, as the Kafka and JetStream cases above (which set it when they run).
+            cmd.args(["--kafka-messages", "500"]);
+        }
+    }
+    let with_mysql = idemkit_test::require_service(
+        "MySQL or MariaDB (IDEMKIT_MYSQL_URL)",
+        std::env::var_os("IDEMKIT_MYSQL_URL").is_some() || reachable(3306),
+    );
+    if with_mysql {
+        cmd.args(["--mysql", &mysql]);
+    }
     let out = cmd.output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
@@ -92,6 +117,28 @@ fn the_benchmark_writes_its_tables_and_plots() {
         ] {
             assert!(results.contains(line), "no {line:?} in\n{results}");
         }
+    }
+    if rabbitmq {
+        for line in [
+            "| RabbitMQ runner, empty handler: idemkit (Redis) / idempotency off | ",
+            "| RabbitMQ runner, 1 ms handler: idemkit (Redis) / idempotency off | ",
+            "## RabbitMQ consumer",
+            "| RabbitMQ runner + idemkit (Redis) | ",
+        ] {
+            assert!(results.contains(line), "no {line:?} in\n{results}");
+        }
+    }
+    if with_mysql {
+        assert!(
+            results.contains("\n## MySQL\n"),
+            "no MySQL section in\n{results}"
+        );
+        assert!(
+            results
+                .lines()
+                .any(|l| l.contains(": c=64 misses/s / the hand-written table's | ")),
+            "no MySQL target in\n{results}"
+        );
     }
     // Without --python, no Python ratio is claimed.
     assert!(!results.contains("(Python)"), "{results}");
