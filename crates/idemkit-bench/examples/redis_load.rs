@@ -10,7 +10,8 @@
 //! ```
 //!
 //! `REDIS_LOAD_THREADS=1` runs the client on a current-thread runtime (default: 2 threads);
-//! `REDIS_LOAD_CONNECTIONS=N` sets the store's connections (default 2).
+//! `REDIS_LOAD_CONNECTIONS=N` sets the store's connections (default 2); `REDIS_LOAD_PLAIN=0`
+//! sends every `begin` as the script (`RedisStoreBuilder::plain_begins`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -56,10 +57,12 @@ async fn load(args: Vec<String>) -> Result<(), Box<dyn std::error::Error>> {
         .prefix(format!("load-{:x}", fastrand::u64(..)))
         .coalesce(mode != "single" && std::env::var("REDIS_LOAD_COALESCE").as_deref() != Ok("0"))
         .connections(connections)
+        .plain_begins(std::env::var("REDIS_LOAD_PLAIN").as_deref() != Ok("0"))
         .connect(&format!("redis://127.0.0.1:{port}"))
         .await?;
-    let c = Coordinator::new(store);
+    let c = Coordinator::new(store.clone());
     let op = Operation::new("load")?;
+    let cpu_before = server_cpu(port.as_str()).await?;
     let started = tokio::time::Instant::now();
     match mode.as_str() {
         "hit" => {
@@ -124,6 +127,27 @@ async fn load(args: Vec<String>) -> Result<(), Box<dyn std::error::Error>> {
         other => return Err(format!("unknown mode {other}").into()),
     }
     let secs = started.elapsed().as_secs_f64();
-    println!("{mode}: {n} calls in {secs:.3} s");
+    let cpu = server_cpu(port.as_str()).await? - cpu_before;
+    let plain = store.plain_begin_counts();
+    println!(
+        "{mode}: {n} calls in {secs:.3} s ({:.0}/s), server CPU {:.2} µs a call; plain begins {}, stale stamps {}",
+        n as f64 / secs,
+        cpu * 1e6 / n as f64,
+        plain.sent,
+        plain.stale
+    );
     Ok(())
+}
+
+/// The server's CPU time so far (`INFO cpu`: user and system), in seconds.
+async fn server_cpu(port: &str) -> Result<f64, Box<dyn std::error::Error>> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let info: String = redis::cmd("INFO").arg("cpu").query_async(&mut conn).await?;
+    Ok(info
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .filter(|(k, _)| *k == "used_cpu_user" || *k == "used_cpu_sys")
+        .filter_map(|(_, v)| v.trim().parse::<f64>().ok())
+        .sum())
 }

@@ -459,6 +459,16 @@ pub(crate) async fn run(url: &str, ops: usize, workers: usize) -> Result<Report,
             .await
             .map_err(|e| e.to_string())?,
     );
+    // The same store with every `begin` the script (`plain_begins(false)`): issue 51's
+    // comparison of the plain begin against the script, in one run.
+    let scripted = Coordinator::new(
+        RedisStore::builder()
+            .prefix(format!("idemkit-bench:{:x}", fastrand::u64(..)))
+            .plain_begins(false)
+            .connect(url)
+            .await
+            .map_err(|e| e.to_string())?,
+    );
     let op = Operation::new("bench").expect("valid");
     let noop = redis::Script::new("return 1");
     let hit_key = Key::new("hit").expect("valid");
@@ -482,6 +492,7 @@ pub(crate) async fn run(url: &str, ops: usize, workers: usize) -> Result<Report,
     let mut rows = Vec::new();
     let next = Arc::new(AtomicU64::new(0));
     let next_single = Arc::new(AtomicU64::new(0));
+    let next_scripted = Arc::new(AtomicU64::new(0));
     for concurrency in [1, 64] {
         let n = if concurrency == 1 { ops / 10 } else { ops };
         let conn = bench.raw();
@@ -524,6 +535,7 @@ pub(crate) async fn run(url: &str, ops: usize, workers: usize) -> Result<Report,
         for (case, c, next) in [
             ("idemkit miss", &coordinator, &next),
             ("idemkit miss, coalescing off", &single, &next_single),
+            ("idemkit miss, begin script", &scripted, &next_scripted),
         ] {
             let (c, o, next) = (c.clone(), op.clone(), next.clone());
             rows.push(

@@ -9,10 +9,11 @@ use crate::publish::{c1_us, find};
 use crate::suite::RecordBytes;
 
 /// The libraries in the plots, in order: (label, case prefix).
-const LIBRARIES: [(&str, &str); 8] = [
+const LIBRARIES: [(&str, &str); 9] = [
     ("floor: GET", "floor: GET"),
     ("idemkit", "idemkit"),
     ("idemkit, coalescing off", "idemkit miss, coalescing off"),
+    ("idemkit, begin script", "idemkit miss, begin script"),
     ("idemkit, batches of 64", "idemkit miss, batches of 64"),
     ("idempotency-kit (Rust)", "idempotency-kit"),
     ("idempotent (Rust)", "idempotent"),

@@ -8,7 +8,9 @@
 //! `miss` runs and completes a fresh key each time (begin + complete); `hit` replays one
 //! completed key (begin). docs/benchmarks.md shows how the per-call figures were taken:
 //! the difference between a run of 3,000 calls and one of 1,000, divided by 2,000, so
-//! that connecting and loading the scripts cancel out.
+//! that connecting and loading the scripts cancel out. `SEQUENTIAL_PLAIN=0` sends every
+//! `begin` as the script (`RedisStoreBuilder::plain_begins`); `SEQUENTIAL_COALESCE=0` turns
+//! coalescing off, so that a lone `begin` is a plain one.
 
 use std::convert::Infallible;
 use std::process::ExitCode;
@@ -30,6 +32,8 @@ async fn main() -> ExitCode {
     };
     let store = match RedisStore::builder()
         .prefix(format!("sequential-calls:{:x}", fastrand::u64(..)))
+        .plain_begins(std::env::var("SEQUENTIAL_PLAIN").as_deref() != Ok("0"))
+        .coalesce(std::env::var("SEQUENTIAL_COALESCE").as_deref() != Ok("0"))
         .connect(url.as_str())
         .await
     {
@@ -39,7 +43,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let coordinator = Coordinator::new(store);
+    let coordinator = Coordinator::new(store.clone());
     let op = Operation::new("sequential").expect("a valid operation name");
     for i in 0..calls {
         let key = match mode {
@@ -57,5 +61,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
+    let plain = store.plain_begin_counts();
+    eprintln!("plain begins {}, stale stamps {}", plain.sent, plain.stale);
     ExitCode::SUCCESS
 }

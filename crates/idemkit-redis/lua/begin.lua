@@ -17,6 +17,9 @@
 -- ARGV[2] lease ms
 -- ARGV[3] its bytes from 31 on (created and expires as 16 zero bytes, the fingerprint if
 --         any, the holder block if version 2): the client builds all but the fencing token
+-- ARGV[4] (optional) a fencing token (8 bytes) the client stamped into a reservation it made
+--         with plain commands and found too old (src/stamp.rs): if the key holds that
+--         reservation of the caller's, its token is taken again from the clock, here
 -- Returns an integer > 0     reserved for the caller (now, or already by this same owner
 --                            token: a retried begin whose first reply was lost, whose lease
 --                            it then renews); the integer is its fencing token
@@ -63,6 +66,14 @@ if a == 73 and b == 68 and c == 75 then -- "IDK"
           return 0
         end
         redis.call('PEXPIRE', key, lease)
+        if ARGV[4] and string.sub(v, 23, 30) == ARGV[4] then
+          -- The stamp was not proven newer than every earlier token of the key, the clock's
+          -- now is (ARCHITECTURE row R13). The stamp was never handed to anyone, so the new
+          -- token need not exceed it; and it must not be pushed past the clock, or a later
+          -- plain stamp could fall under it.
+          redis.call('SETRANGE', key, 22, struct.pack('>I8', now))
+          return now
+        end
         return struct.unpack('>I8', v, 23)
       end
       return {v, redis.call('PTTL', key), now}

@@ -58,6 +58,7 @@ pub struct RedisStoreBuilder {
     replicas: Option<(usize, Duration)>,
     eviction: EvictionCheck,
     coalesce: bool,
+    plain_begins: bool,
     connections: usize,
     tls: Tls,
     credentials: Option<Credentials>,
@@ -75,6 +76,7 @@ impl Default for RedisStoreBuilder {
             replicas: None,
             eviction: EvictionCheck::Warn,
             coalesce: true,
+            plain_begins: true,
             connections: DEFAULT_CONNECTIONS,
             tls: Tls::default(),
             credentials: None,
@@ -199,6 +201,36 @@ impl RedisStoreBuilder {
     /// ```
     pub fn coalesce(mut self, on: bool) -> Self {
         self.coalesce = on;
+        self
+    }
+
+    /// Whether first deliveries' `begin`s may go out as plain commands: `TIME`, then `SET
+    /// key reservation NX PX lease GET` per key, then `TIME`, pipelined in one round trip,
+    /// rather than a `begin` script: about half the server's work for a fresh key
+    /// (docs/benchmarks.md). The fencing token is then stamped by the client from its
+    /// estimate of the server's clock and kept only when the two `TIME`s prove it greater
+    /// than every earlier token of the key; otherwise the script takes it again from the
+    /// server's clock, in the same call (ARCHITECTURE row R13). Whatever the key holds (a
+    /// completed record to replay, a reservation, a tombstone) is answered as the script
+    /// answers it. Coalesced batches and `begin_many` go plain, and every `begin` when
+    /// [`coalesce`](Self::coalesce) is off; a `begin` that goes alone to an idle lane stays
+    /// the script, which costs the client less. Default on; applies to one server (a single
+    /// node or behind Sentinel) without [`wait_for_replicas`](Self::wait_for_replicas): a
+    /// Cluster and the durability guard keep the script. Off sends every `begin` as the
+    /// script (for comparison).
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), idemkit_core::StoreError> {
+    /// let store = idemkit_redis::RedisStore::builder()
+    ///     .plain_begins(false)
+    ///     .connect("redis://127.0.0.1:6379")
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn plain_begins(mut self, on: bool) -> Self {
+        self.plain_begins = on;
         self
     }
 
@@ -621,7 +653,8 @@ impl RedisStoreBuilder {
         let durable = self
             .replicas
             .map(|(n, timeout)| Durable::new(n, timeout, self.response_timeout, opener));
-        let coalesce = self.coalesce && durable.is_none() && !matches!(conn, Conn::Cluster(_));
+        let (durable_off, cluster) = (durable.is_none(), matches!(conn, Conn::Cluster(_)));
+        let coalesce = self.coalesce && durable_off && !cluster;
         let store = RedisStore::new(
             conn,
             more,
@@ -635,6 +668,7 @@ impl RedisStoreBuilder {
                 response: self.response_timeout,
             },
             coalesce,
+            self.plain_begins && durable_off && !cluster,
         );
         // Whether completions can be plain `SET … IFEQ`s: asked now, not on the first call.
         store.ask_conditional_set().await?;
@@ -644,8 +678,8 @@ impl RedisStoreBuilder {
     /// The longest one store call can take (see `Store::call_timeout`) without coalescing:
     /// a script call is at most three commands (`EVALSHA`, and after `NOSCRIPT` a `SCRIPT
     /// LOAD` and the `EVALSHA` again), each bounded by the response timeout, plus one
-    /// reconnect; three response timeouts more cover what comes before it: a `begin`'s
-    /// replay read (`GET`), and a `begin` whose first lane failed fast and is sent on the
+    /// reconnect; four response timeouts more cover what comes before it: a `begin`'s
+    /// replay read (`GET`) and its plain pipeline (`stamp`), and a `begin` whose first lane failed fast and is sent on the
     /// next one, or a wait's subscribe step (bounded by the response timeout itself), or a
     /// completion's plain `SET … IFEQ` and the probe before it after a reload (`plain`). With the
     /// durability guard, none: a guarded write also opens connections and waits for
@@ -655,7 +689,7 @@ impl RedisStoreBuilder {
         if self.replicas.is_some() {
             return None;
         }
-        Some(self.response_timeout * 6 + self.connection_timeout.max(self.response_timeout))
+        Some(self.response_timeout * 7 + self.connection_timeout.max(self.response_timeout))
     }
 }
 

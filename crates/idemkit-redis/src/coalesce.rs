@@ -158,7 +158,64 @@ fn answer<J>(jobs: Vec<J>, reply: Result<Value, StoreError>, sender: impl Fn(J) 
     }
 }
 
-async fn send_begins(to: &OnLane, mut jobs: Vec<BeginJob>) {
+async fn send_begins(to: &OnLane, jobs: Vec<BeginJob>) {
+    // Plain begins first where the store has an estimate of the server's clock (see
+    // `stamp`): one pipeline for the batch; the keys it did not answer go to the script.
+    let plain = crate::stamp::begin(
+        &to.shared.clock,
+        &mut to.shared.lanes[to.at].conn.clone(),
+        jobs.iter().map(|j| (&j.rkey[..], j.parts(), j.lease_ms)),
+    )
+    .await;
+    let found = match plain {
+        Ok(Some(found)) => found,
+        Ok(None) => return send_scripts(to, jobs).await,
+        Err(e) => return answer(jobs, Err(e), |j| j.reply),
+    };
+    let mut rest = Vec::new();
+    let mut stale = Vec::new();
+    for (job, found) in jobs.into_iter().zip(found) {
+        match found {
+            crate::stamp::Found::Answer(reply) => {
+                let _ = job.reply.send(Ok(reply));
+            }
+            crate::stamp::Found::Script { stale: None } => rest.push(job),
+            crate::stamp::Found::Script { stale: Some(token) } => stale.push((job, token)),
+        }
+    }
+    // A stamp outside the window (one stamp for the batch): the keys' reservations take
+    // their tokens again from the server's clock in one script call, before the rest is
+    // answered (a duplicate of a restamped key then reads the token its owner is given).
+    if let Some(&(_, token)) = stale.first() {
+        let restamped = crate::stamp::restamp(
+            &mut to.shared.lanes[to.at].conn.clone(),
+            token,
+            stale.iter().map(|(j, _)| (&j.rkey[..], j.owner)),
+        )
+        .await;
+        match restamped {
+            Ok(tokens) => {
+                for ((job, _), token) in stale.into_iter().zip(tokens) {
+                    match token {
+                        Some(t) => {
+                            let _ = job.reply.send(Ok(Value::Int(t as i64)));
+                        }
+                        // No longer the caller's reservation under the stamp (it expired
+                        // meanwhile): the script answers what the key holds.
+                        None => rest.push(job),
+                    }
+                }
+            }
+            Err(e) => answer(stale.into_iter().map(|(j, _)| j).collect(), Err(e), |j| {
+                j.reply
+            }),
+        }
+    }
+    send_scripts(to, rest).await;
+}
+
+/// A batch of `begin`s as `begin_many.lua` calls.
+async fn send_scripts(to: &OnLane, mut jobs: Vec<BeginJob>) {
     // `begin_many.lua` takes one lease per call: one call per lease (nearly always one).
     while !jobs.is_empty() {
         let lease = jobs[0].lease_ms;

@@ -2,7 +2,12 @@
 //!
 //! - **One round trip per phase.** `begin`, `renew`, `complete` and `release` are each one
 //!   `EVALSHA` of a Lua script (`lua/*.lua`, loaded once, reloaded on `NOSCRIPT` after a
-//!   server restart). On a server with a conditional `SET` (Valkey 8.1 and later, Redis 8.4
+//!   server restart). On one server (single node or Sentinel) without the durability guard,
+//!   the `begin`s of a coalesced batch (or of `begin_many`) are one pipeline of plain
+//!   commands instead (`TIME`, a `SET key reservation NX PX lease GET` per key, `TIME`:
+//!   about half the server's work), their fencing token stamped by the client and kept only
+//!   when the `TIME`s prove it; a key that held anything but a completed record, or a stamp
+//!   not proven, goes to the script in the same call ([`RedisStoreBuilder::plain_begins`]). On a server with a conditional `SET` (Valkey 8.1 and later, Redis 8.4
 //!   and later: the store asks the server, [`RedisStore::conditional_set`]), a completion is
 //!   one plain `SET key record IFEQ reservation PX ttl`, far cheaper for the server than a
 //!   script; the script only when that wrote nothing (a waiter to wake, a lost lease, a
@@ -15,7 +20,8 @@
 //!   per write phase.
 //! - **Fencing.** Every write checks the caller's owner token *and* fencing token inside the
 //!   script. Fencing tokens come from Redis' `TIME` in microseconds (or one past a
-//!   just-released token), so they increase per key; leases and TTLs expire by Redis' clock
+//!   just-released token, or a client's stamp that the `TIME`s around its `SET` prove
+//!   greater than every earlier token), so they increase per key; leases and TTLs expire by Redis' clock
 //!   (`PX`), never the client's.
 //! - **Push wake-ups.** `complete` and `release` publish on a per-key channel; a waiter
 //!   subscribes to it (RESP3 push on the store's first connection), re-checks the record, and wakes
@@ -81,6 +87,7 @@ mod scan;
 mod scripts;
 mod secure;
 mod sentinel;
+mod stamp;
 mod wake;
 
 pub use builder::{EvictionCheck, RedisStoreBuilder};
@@ -92,6 +99,17 @@ use keys::{channel, key_for, ms};
 use lanes::Lane;
 use scripts::{LeaseArg, eval_on};
 use wake::Waiters;
+
+/// What [`RedisStore::plain_begin_counts`] reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct PlainBegins {
+    /// Keys whose `begin` went out as plain commands.
+    pub sent: u64,
+    /// Of those, the keys whose stamped fencing token was not proven, and was taken again
+    /// from the server's clock by the script.
+    pub stale: u64,
+}
 
 /// The bounds a store enforces itself: one call (see `Store::call_timeout`), one response.
 pub(crate) struct Timeouts {
@@ -153,6 +171,9 @@ pub(crate) struct Shared {
     replays: replays::Replays,
     /// Whether the server has `SET … IFEQ` (see `plain`); shared by every prefix.
     caps: Arc<plain::Caps>,
+    /// The estimate of the server's clock plain begins stamp their tokens with (see
+    /// `stamp`); shared by every prefix.
+    clock: Arc<stamp::Clock>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -173,6 +194,7 @@ impl std::fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
+    #[allow(clippy::too_many_arguments)] // one private constructor, called by the builder only
     fn new(
         conn: Conn,
         more: Vec<Conn>,
@@ -181,6 +203,7 @@ impl RedisStore {
         waiters: Arc<Waiters>,
         timeouts: Timeouts,
         coalesce: bool,
+        plain_begins: bool,
     ) -> Self {
         let Timeouts {
             call: call_timeout,
@@ -206,6 +229,7 @@ impl RedisStore {
                 next_begin: Arc::default(),
                 replays: replays::Replays::default(),
                 caps: Arc::default(),
+                clock: Arc::new(stamp::Clock::new(plain_begins)),
             }),
         }
     }
@@ -250,6 +274,7 @@ impl RedisStore {
                 // Another prefix, another table of records: a history of its own.
                 replays: replays::Replays::default(),
                 caps: self.shared.caps.clone(),
+                clock: self.shared.clock.clone(),
             }),
         }
     }
@@ -316,6 +341,34 @@ impl RedisStore {
     /// ```
     pub fn conditional_set(&self) -> Option<bool> {
         self.shared.caps.known()
+    }
+
+    /// How many `begin`s this store's connections sent as plain commands (see
+    /// [`RedisStoreBuilder::plain_begins`]), and how many of their fencing-token stamps the
+    /// server's clock did not prove (each then taken again by the script, in the same
+    /// call). For tests and diagnostics: a steady share of stale stamps means the client
+    /// stalls between building a command and the server running it.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), idemkit_core::StoreError> {
+    /// let store = idemkit_redis::RedisStore::connect("redis://127.0.0.1:6379").await?;
+    /// let counts = store.plain_begin_counts();
+    /// println!("{} plain begins, {} stamps taken again", counts.sent, counts.stale);
+    /// # Ok(()) }
+    /// ```
+    pub fn plain_begin_counts(&self) -> PlainBegins {
+        let (sent, stale) = self.shared.clock.counts();
+        PlainBegins { sent, stale }
+    }
+
+    /// Moves this store's estimate of the server's clock by `by_us` microseconds, as a
+    /// client whose stamps come out early (negative) or late would. For tests of the stamp's
+    /// proof only.
+    #[doc(hidden)]
+    pub fn skew_stamps_for_tests(&self, by_us: i64) {
+        self.shared.clock.skew(by_us);
     }
 
     /// Asks the server whether it has `SET … IFEQ` (see `plain`).

@@ -22,9 +22,10 @@
 //! Renewals and releases stay scripts: `Store::renew` and `Store::release` are given the
 //! lease (owner and fencing tokens), not the reservation's bytes a comparison needs, and
 //! they are off the path of a first delivery (a renewal every third of a lease of a long
-//! action, a release after a failed one). A `begin` stays a script too: its fencing token is
-//! the server's clock (`TIME`), which must increase across clients whose clocks differ,
-//! and it turns a release's tombstone into a larger token (ARCHITECTURE rows 3, 30).
+//! action, a release after a failed one). A batch's `begin`s are plain commands too, on one
+//! server (`stamp`): `SET … NX` between two `TIME`s that prove the fencing token the client
+//! stamped; the script answers what that does not (a tombstone, a reservation, a stamp not
+//! proven).
 
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 

@@ -65,6 +65,7 @@ macro_rules! lua {
 pub(crate) static BEGIN: LazyLock<Lua> = lua!("../lua/begin.lua");
 pub(crate) static BEGIN_GUARDED: LazyLock<Lua> = lua!(guarded "../lua/begin.lua");
 pub(crate) static BEGIN_MANY: LazyLock<Lua> = lua!("../lua/begin_many.lua");
+pub(crate) static RESTAMP_MANY: LazyLock<Lua> = lua!("../lua/restamp_many.lua");
 pub(crate) static RENEW: LazyLock<Lua> = lua!("../lua/renew.lua");
 pub(crate) static COMPLETE: LazyLock<Lua> = lua!("../lua/complete.lua");
 pub(crate) static COMPLETE_SHARDED: LazyLock<Lua> = lua!(sharded "../lua/complete.lua");
