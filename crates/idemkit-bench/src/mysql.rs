@@ -28,9 +28,11 @@ const SELECT: Case = "floor: PK SELECT";
 const INSERT: Case = "floor: 1-row INSERT";
 const HIT: Case = "idemkit MySqlStore hit";
 const MISS: Case = "idemkit MySqlStore miss";
+/// The same miss on a store that sends every `begin` alone (`MySqlStoreBuilder::coalesce(false)`).
+const MISS_ALONE: Case = "idemkit MySqlStore miss, coalescing off";
 /// The table a user would write by hand: two statements per first delivery.
 const PEER: Case = "hand-written table miss";
-const CASES: [Case; 5] = [SELECT, INSERT, HIT, MISS, PEER];
+const CASES: [Case; 6] = [SELECT, INSERT, HIT, MISS, MISS_ALONE, PEER];
 const SERVER: [&str; 2] = ["mariadbd", "mysqld"];
 
 /// What one call of a case needs.
@@ -38,6 +40,7 @@ const SERVER: [&str; 2] = ["mariadbd", "mysqld"];
 struct Bench {
     pool: MySqlPool,
     c: Coordinator<MySqlStore>,
+    alone: Coordinator<MySqlStore>,
     op: Operation,
     hits: Arc<Vec<Key>>,
     fresh: Arc<AtomicU64>,
@@ -95,8 +98,12 @@ impl Bench {
             _ => {
                 let n = self.fresh.fetch_add(1, Ordering::Relaxed);
                 let key = Key::new(format!("miss-{:x}-{n}", self.run_id)).expect("valid");
-                self.c
-                    .call(&self.op, &key)
+                let c = if case == MISS_ALONE {
+                    &self.alone
+                } else {
+                    &self.c
+                };
+                c.call(&self.op, &key)
                     .ttl(Duration::from_secs(60))
                     .run(|_| async { Ok::<_, std::io::Error>(1u32) })
                     .await
@@ -122,6 +129,13 @@ impl Bench {
             .map_err(|e| e.to_string())?;
         store.migrate().await.map_err(|e| e.to_string())?;
         let c = Coordinator::new(store);
+        let alone = Coordinator::new(
+            MySqlStore::builder()
+                .table("idemkit_bench_records")
+                .coalesce(false)
+                .build(pool.clone())
+                .map_err(|e| e.to_string())?,
+        );
         let op = Operation::new("bench").map_err(|e| e.to_string())?;
         let hits: Vec<Key> = (0..1000)
             .map(|i| Key::new(format!("hit-{i}")).expect("valid"))
@@ -136,6 +150,7 @@ impl Bench {
         Ok(Bench {
             pool,
             c,
+            alone,
             op,
             hits: Arc::new(hits),
             fresh: Arc::new(AtomicU64::new(0)),

@@ -154,11 +154,12 @@ fn the_benchmark_writes_its_tables_and_plots() {
     );
 
     // One bar per case: c=64 throughput has the floor, idemkit's hit and miss, the miss
-    // without coalescing, the batches, and both Rust peers' hit and miss.
+    // without coalescing, the miss with every begin the script, the batches, and both Rust
+    // peers' hit and miss.
     let svg = std::fs::read_to_string(dir.join("redis-throughput-c64.svg")).unwrap();
     assert!(svg.starts_with("<svg "), "{svg}");
     let bars = svg.matches("<rect x=\"200\"").count();
-    assert_eq!(bars, 9, "{svg}");
+    assert_eq!(bars, 10, "{svg}");
     for plot in [
         "redis-latency-c1.svg",
         "redis-cpu-c64.svg",

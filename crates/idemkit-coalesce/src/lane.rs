@@ -224,7 +224,9 @@ impl<J: Job> Lane<J> {
                 rest.push(job);
             }
         }
-        *queue = rest;
+        // Back into the queue's own allocation: replacing the queue with `rest` dropped it,
+        // and the next calls grew a new one push by push.
+        queue.append(&mut rest);
         if each_key_once {
             batch.sort_unstable_by(|a, b| a.key().cmp(b.key()));
         }

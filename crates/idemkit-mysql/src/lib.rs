@@ -13,7 +13,9 @@
 //! row, decided by the row's own expiry), a completion one owner-checked `UPDATE`. A `begin`
 //! that meets a live row reads it with a second statement, unless most recent `begin`s met
 //! live rows: then it reads first, and a replay is one statement (an absent key then costs
-//! the read and the upsert). Fencing tokens come from the
+//! the read and the upsert). Under load, concurrent `begin`s and `complete`s are coalesced:
+//! while two of a kind run, the rest queue and go out as one multi-row statement (and, for
+//! `begin`s, one read) ([`MySqlStoreBuilder::coalesce`]). Fencing tokens come from the
 //! server's clock in microseconds, never below the row's last token nor a token written by
 //! hand. MySQL has no notifications: a waiter re-reads the row (see
 //! [`MySqlStoreBuilder::recheck`]).
@@ -21,6 +23,7 @@
 /// The database driver this crate is built on, so an application uses the same version.
 pub use sqlx;
 
+mod batch;
 mod consume;
 mod inbox;
 mod row;

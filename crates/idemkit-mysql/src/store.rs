@@ -53,6 +53,12 @@ pub(crate) struct Inner {
     recheck: Duration,
     /// What recent `begin`s met: after a run of replays, `begin` reads first.
     guess: Guesser,
+    /// The queues of concurrent `begin`s and `complete`s, when coalescing is on (see
+    /// batch.rs).
+    lanes: Option<crate::batch::Lanes>,
+    /// MariaDB or MySQL, asked once by the first batch (its statement's lock-wait bound is
+    /// written in each server's syntax).
+    flavor: tokio::sync::OnceCell<crate::batch::Flavor>,
 }
 
 /// A table name the store refuses: 1 to 48 of `a-z`, `0-9` and `_`, not starting with a
@@ -108,6 +114,7 @@ pub struct MySqlStoreBuilder {
     table: String,
     recheck: Duration,
     max_connections: u32,
+    coalesce: bool,
 }
 
 impl Default for MySqlStoreBuilder {
@@ -116,6 +123,7 @@ impl Default for MySqlStoreBuilder {
             table: "idemkit_records".into(),
             recheck: Duration::from_millis(200),
             max_connections: 10,
+            coalesce: true,
         }
     }
 }
@@ -163,6 +171,27 @@ impl MySqlStoreBuilder {
         self
     }
 
+    /// Whether concurrent `begin`s and `complete`s are coalesced (default on): while two of a
+    /// kind are running, later ones queue and go out together when one answers, a batch of
+    /// `begin`s as one multi-row statement and one read, a batch of `complete`s as one
+    /// multi-row owner-checked `UPDATE` (one statement and one commit for many keys). A
+    /// call to an idle store goes alone, as with coalescing off: nothing waits at
+    /// concurrency 1. A batch reserves absent keys only; every other key (a live row, a
+    /// completed record, an expired row to take over) is sent again alone, where the single
+    /// statement decides; a batch of completions that did not complete every row sends each
+    /// alone. Off sends every call alone (for comparison; ARCHITECTURE row M12).
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// let b = idemkit_mysql::MySqlStore::builder().coalesce(false);
+    /// # drop(b);
+    /// ```
+    pub fn coalesce(mut self, on: bool) -> Self {
+        self.coalesce = on;
+        self
+    }
+
     /// The store on `pool`.
     ///
     /// # Errors
@@ -188,6 +217,8 @@ impl MySqlStoreBuilder {
                 table: self.table,
                 recheck: self.recheck,
                 guess: Guesser::default(),
+                lanes: self.coalesce.then(crate::batch::Lanes::default),
+                flavor: tokio::sync::OnceCell::new(),
             }),
         })
     }
@@ -396,7 +427,10 @@ impl Store for MySqlStore {
     }
 
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Claim, StoreError> {
-        let claim = self.begin_once(req).await?;
+        let claim = match self.begin_queued(req).await? {
+            Some(claim) => claim,
+            None => self.begin_once(req).await?,
+        };
         self.inner.guess.saw(&claim);
         Ok(claim)
     }
@@ -427,17 +461,30 @@ impl Store for MySqlStore {
         ownership: &Ownership,
         request: &CompleteRequest,
     ) -> Result<(), StoreError> {
-        let done = self
-            .complete_query(key, ownership, request)
-            .execute(&self.inner.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-        if done.rows_affected() == 1 {
-            return Ok(());
+        if self.inner.lanes.is_some() {
+            let mut queued = None;
+            let lead = idemkit_coalesce::enter(&crate::batch::Batches(self.clone()), || {
+                let (reply, answer) = tokio::sync::oneshot::channel();
+                queued = Some(answer);
+                crate::batch::CompleteJob {
+                    key: key.as_str().to_owned(),
+                    owner: owner_bytes(ownership),
+                    fencing: fencing_i64(ownership.fencing),
+                    kind: i16::from(request.kind.to_byte()),
+                    bytes: request.bytes.clone(),
+                    ttl_us: micros(request.ttl),
+                    reply,
+                }
+            });
+            let Some(answer) = queued else {
+                let _lead = lead;
+                return self.complete_alone(key, ownership, request).await;
+            };
+            if let idemkit_coalesce::Reply::Done(()) = idemkit_coalesce::answer(answer).await? {
+                return Ok(());
+            }
         }
-        // Not ours to complete now, unless this very lease completed it already (a retried
-        // completion, whose first reply was lost): that is success.
-        self.completed_by(key, ownership).await
+        self.complete_alone(key, ownership, request).await
     }
 
     async fn release(&self, key: &StorageKey, ownership: &Ownership) -> Result<(), StoreError> {
@@ -521,6 +568,84 @@ impl MySqlStore {
             .rows_affected();
         tx.commit().await.map_err(|e| self.err(e))?;
         Ok(n)
+    }
+
+    /// The owner-checked `UPDATE`, then, if it completed nothing, whether this very lease
+    /// completed the row already (a retried completion, whose first reply was lost, or a
+    /// batch that completed it and was answered alone): that is success.
+    async fn complete_alone(
+        &self,
+        key: &StorageKey,
+        ownership: &Ownership,
+        request: &CompleteRequest,
+    ) -> Result<(), StoreError> {
+        let done = self
+            .complete_query(key, ownership, request)
+            .execute(&self.inner.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        if done.rows_affected() == 1 {
+            return Ok(());
+        }
+        self.completed_by(key, ownership).await
+    }
+
+    /// A `begin` through the coalescer (batch.rs): its claim from a batch, or `None` when it
+    /// goes alone (an idle lane, coalescing off, a run of replays: the read-first `begin`
+    /// answers those in one statement; or the batch sent it back).
+    async fn begin_queued(&self, req: &BeginRequest<'_>) -> Result<Option<Claim>, StoreError> {
+        if self.inner.lanes.is_none() || self.inner.guess.guess() == Guess::Live {
+            return Ok(None);
+        }
+        let mut queued = None;
+        let lead = idemkit_coalesce::enter(&crate::batch::Batches(self.clone()), || {
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            queued = Some(answer);
+            let lease_ms = u64::try_from(req.lease.as_millis()).unwrap_or(u64::MAX);
+            crate::batch::BeginJob {
+                key: req.key.as_str().to_owned(),
+                owner: req.owner,
+                lease_us: micros(req.lease),
+                fingerprint: req.fingerprint.map(|f| f.to_bytes()),
+                holder: req.holder.map(|h| h.block(lease_ms)),
+                reply,
+            }
+        });
+        let Some(answer) = queued else {
+            // Alone: the lane's place is held until this call's statements are done.
+            let _lead = lead;
+            return self.begin_once(req).await.map(Some);
+        };
+        match idemkit_coalesce::answer(answer).await? {
+            idemkit_coalesce::Reply::Done(claim) => Ok(Some(claim)),
+            idemkit_coalesce::Reply::Alone => Ok(None),
+        }
+    }
+
+    /// The lanes of queued calls (only a store that coalesces has a `Batches`).
+    pub(crate) fn lanes(&self) -> &crate::batch::Lanes {
+        self.inner
+            .lanes
+            .as_ref()
+            .expect("the lanes of a store that coalesces")
+    }
+
+    /// MariaDB or MySQL, asked once.
+    pub(crate) async fn flavor(&self) -> Result<crate::batch::Flavor, sqlx::Error> {
+        self.inner
+            .flavor
+            .get_or_try_init(|| async {
+                let version: String = sqlx::query_scalar("SELECT VERSION()")
+                    .fetch_one(&self.inner.pool)
+                    .await?;
+                Ok(if version.to_ascii_lowercase().contains("mariadb") {
+                    crate::batch::Flavor::MariaDb
+                } else {
+                    crate::batch::Flavor::MySql
+                })
+            })
+            .await
+            .copied()
     }
 
     /// `begin`: the upsert, which reserves an absent or expired key in one statement, then a

@@ -151,6 +151,12 @@ fn command(cmd: &mut Cmd, rkey: &str, parts: &Parts<'_>, done: &Completion<'_>) 
         .arg(done.ttl_ms);
 }
 
+/// The bytes a completion's command holds: the key, the reservation twice (at most 256
+/// bytes each, `Parts::rest`) and the result, so the buffer is never grown while writing.
+fn capacity(rkey: &str, done: &Completion<'_>) -> usize {
+    rkey.len() + 2 * 256 + 32 + done.bytes.len()
+}
+
 /// What a completion writes, besides its reservation's parts.
 pub(crate) struct Completion<'a> {
     pub(crate) fencing: u64,
@@ -169,7 +175,7 @@ pub(crate) async fn complete(
     parts: &Parts<'_>,
     done: &Completion<'_>,
 ) -> Result<bool, StoreError> {
-    let mut cmd = Cmd::with_capacity(8, 160 + rkey.len() + 2 * done.bytes.len());
+    let mut cmd = Cmd::with_capacity(8, capacity(rkey, done));
     command(&mut cmd, rkey, parts, done);
     match cmd.query_async::<Value>(conn).await {
         Ok(reply) => Ok(written(&reply)),
@@ -192,7 +198,7 @@ pub(crate) async fn complete_all<'a>(
     pipe.ignore_errors();
     let mut n = 0;
     for (rkey, parts, done) in items {
-        let mut cmd = Cmd::with_capacity(8, 160 + rkey.len() + 2 * done.bytes.len());
+        let mut cmd = Cmd::with_capacity(8, capacity(rkey, &done));
         command(&mut cmd, rkey, &parts, &done);
         pipe.add_command(cmd);
         n += 1;

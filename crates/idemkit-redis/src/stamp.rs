@@ -189,17 +189,26 @@ pub(crate) async fn begin<'a>(
     // A command's own error (`WRONGTYPE`: a key of another type) comes back in its place,
     // and the script reports it as it always did.
     pipe.ignore_errors();
-    pipe.cmd("TIME");
+    // Each command sized for what it holds (a `Cmd` grown argument by argument reallocates
+    // several times, on every call).
+    let time = || {
+        let mut cmd = redis::Cmd::with_capacity(1, 4);
+        cmd.arg("TIME");
+        cmd
+    };
+    pipe.add_command(time());
     for (rkey, parts, lease_ms) in items {
-        pipe.cmd("SET")
+        let mut cmd = redis::Cmd::with_capacity(7, 320 + rkey.len());
+        cmd.arg("SET")
             .arg(rkey)
             .arg(Mine(&parts, token))
             .arg("NX")
             .arg("PX")
             .arg(lease_ms)
             .arg("GET");
+        pipe.add_command(cmd);
     }
-    pipe.cmd("TIME");
+    pipe.add_command(time());
     clock.sent.fetch_add(n as u64, Ordering::Relaxed);
     let replies: Vec<Value> = pipe.query_async(conn).await.map_err(map_err)?;
     let mut replies = replies.into_iter();
