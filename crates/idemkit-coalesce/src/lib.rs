@@ -5,7 +5,7 @@
 //! its key's, so under load a batch serves many callers for the cost of one. A call that
 //! finds the lane idle is sent at once, on its own: nothing waits at concurrency 1.
 //!
-//! The stores (Redis, PostgreSQL) share this mechanism, not a copy of it: the queue and
+//! The stores (Redis, PostgreSQL, MySQL) share this mechanism, not a copy of it: the queue and
 //! its limits ([`Lane`], [`Limits`]), the flush task that takes the queue when the wire has
 //! room, and the guards that give a place on the wire back on every path ([`Lead`]). A
 //! store says only what a queued call is ([`Job`]) and how a batch goes out ([`Sender`]).
@@ -14,7 +14,8 @@
 //!
 //! [`enter`] either hands the caller a [`Lead`] (send alone now; dropping the lead, when
 //! the call answered or its caller left, frees its place), or queues the job the caller
-//! builds, with the receiving end of its answer kept by the caller. The first call queued
+//! builds, with the receiving end of its answer kept by the caller ([`queue`] makes that
+//! answer's channel: what every store calls). The first call queued
 //! while the wire has room schedules a flush; when the wire is full, the reply that makes
 //! room does. The flush task yields once, so that tasks already running can queue their
 //! calls too, then takes what is queued in batches, as many as the wire has room for, and
@@ -50,7 +51,7 @@ mod send;
 mod model;
 
 pub use lane::{Job, Lane, Limits};
-pub use send::{Lead, Sender, enter};
+pub use send::{Entry, Lead, Sender, enter, queue};
 
 use idemkit_core::StoreError;
 use tokio::sync::oneshot;

@@ -58,6 +58,55 @@ pub fn enter<J: Job, S: Sender<J>>(sender: &S, job: impl FnOnce() -> J) -> Optio
     }
 }
 
+/// Where [`queue`] put a call.
+#[derive(Debug)]
+pub enum Entry<J: Job, S: Sender<J>, T> {
+    /// Send the call alone now, holding the lead until it answered.
+    Alone(Lead<J, S>),
+    /// The call was queued: its answer comes here ([`answer`](crate::answer)).
+    Queued(crate::Answer<T>),
+}
+
+/// [`enter`] with the answer's channel made for the caller: the job is built from the
+/// sending end (only if the call is queued), and the receiving end comes back in
+/// [`Entry::Queued`].
+///
+/// ```
+/// # use idemkit_coalesce::{Entry, Job, Lane, Limits, Responder, Sender, queue};
+/// # #[derive(Clone)] struct Store(std::sync::Arc<Lane<Call>>);
+/// # struct Call { key: String, reply: Responder<u64> }
+/// # impl Job for Call { fn key(&self) -> &str { &self.key } fn abandoned(&self) -> bool { self.reply.is_closed() } }
+/// # impl Sender<Call> for Store {
+/// #     fn lane(&self) -> &Lane<Call> { &self.0 }
+/// #     async fn send(&self, batch: Vec<Call>) { for c in batch { let _ = c.reply.send(Ok(1)); } }
+/// # }
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let store = Store(std::sync::Arc::new(Lane::new(Limits::new(16, 2))));
+/// match queue(&store, |reply| Call { key: "k".into(), reply }) {
+///     // An idle lane: the call goes alone, its place held until it answered.
+///     Entry::Alone(_lead) => {}
+///     Entry::Queued(answer) => { idemkit_coalesce::answer(answer).await.unwrap(); }
+/// }
+/// # });
+/// ```
+pub fn queue<J: Job, S: Sender<J>, T>(
+    sender: &S,
+    job: impl FnOnce(crate::Responder<T>) -> J,
+) -> Entry<J, S, T> {
+    let mut queued = None;
+    let lead = enter(sender, || {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        queued = Some(answer);
+        job(reply)
+    });
+    match (lead, queued) {
+        (Some(lead), _) => Entry::Alone(lead),
+        (None, Some(answer)) => Entry::Queued(answer),
+        // `enter` builds the job exactly when it queues the call.
+        (None, None) => unreachable!("a call neither sent alone nor queued"),
+    }
+}
+
 /// If the flush task is dropped before it took the queue (its runtime shut down, even
 /// before the task was first polled), the queued calls are failed and the next call
 /// schedules a flush again. Made before the task is spawned and moved into it, so that

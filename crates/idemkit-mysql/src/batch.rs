@@ -32,7 +32,7 @@
 //! its check for a completion already made (a retried completion, or this batch's) tell a
 //! completed row from a lost lease.
 
-use idemkit_coalesce::{Job, Lane, Limits, Reply, Sender, copies};
+use idemkit_coalesce::{Limits, Reply};
 use idemkit_core::{Claim, FencingToken, OwnerToken, Ownership};
 use sqlx::Row as _;
 
@@ -48,88 +48,26 @@ pub(crate) const LIMITS: Limits = Limits::new(16, 2)
     .alone(2)
     .each_key_once();
 
-type Responder<T> = idemkit_coalesce::Responder<Reply<T>>;
+/// The two lanes of one store (the jobs are `idemkit_sql`'s, shared with PostgreSQL).
+pub(crate) type Lanes = idemkit_sql::batch::Lanes<Claim>;
 
-/// The two lanes of one store.
-#[derive(Debug)]
-pub(crate) struct Lanes {
-    pub(crate) begin: Lane<BeginJob>,
-    pub(crate) complete: Lane<CompleteJob>,
-}
+/// A queued `begin`: answered with its claim, or `Alone`.
+pub(crate) type BeginJob = idemkit_sql::batch::BeginJob<Claim>;
 
-impl Default for Lanes {
-    fn default() -> Self {
-        Lanes {
-            begin: Lane::new(LIMITS),
-            complete: Lane::new(LIMITS),
-        }
-    }
-}
+pub(crate) use idemkit_sql::batch::CompleteJob;
 
-/// A queued `complete`: its parameters, owned; answered `Done` once its row is completed.
-#[derive(Debug)]
-pub(crate) struct CompleteJob {
-    pub(crate) key: String,
-    pub(crate) owner: [u8; 16],
-    pub(crate) fencing: i64,
-    pub(crate) kind: i16,
-    pub(crate) bytes: bytes::Bytes,
-    pub(crate) ttl_us: i64,
-    pub(crate) reply: Responder<()>,
-}
+pub(crate) use idemkit_sql::batch::Batches;
 
-impl Job for CompleteJob {
-    fn key(&self) -> &str {
-        &self.key
+impl idemkit_sql::batch::Batching for MySqlStore {
+    type Begun = Claim;
+    fn lanes(&self) -> Option<&Lanes> {
+        self.inner.lanes.as_ref()
     }
-    fn abandoned(&self) -> bool {
-        self.reply.is_closed()
+    fn send_begins(&self, batch: Vec<BeginJob>) -> impl Future<Output = ()> + Send {
+        self.begin_batch(batch)
     }
-    fn size(&self) -> usize {
-        self.bytes.len()
-    }
-}
-
-/// A queued `begin`: its parameters, owned; answered with its claim, or `Alone`.
-#[derive(Debug)]
-pub(crate) struct BeginJob {
-    pub(crate) key: String,
-    pub(crate) owner: OwnerToken,
-    pub(crate) lease_us: i64,
-    pub(crate) fingerprint: Option<[u8; 16]>,
-    pub(crate) holder: Option<Vec<u8>>,
-    pub(crate) reply: Responder<Claim>,
-}
-
-impl Job for BeginJob {
-    fn key(&self) -> &str {
-        &self.key
-    }
-    fn abandoned(&self) -> bool {
-        self.reply.is_closed()
-    }
-}
-
-/// The store as the coalescer sends on it: a batch of `begin`s is one statement and a read,
-/// a batch of `complete`s one statement.
-#[derive(Clone)]
-pub(crate) struct Batches(pub(crate) MySqlStore);
-
-impl Sender<BeginJob> for Batches {
-    fn lane(&self) -> &Lane<BeginJob> {
-        &self.0.lanes().begin
-    }
-    fn send(&self, batch: Vec<BeginJob>) -> impl Future<Output = ()> + Send {
-        self.0.begin_batch(batch)
-    }
-}
-
-impl Sender<CompleteJob> for Batches {
-    fn lane(&self) -> &Lane<CompleteJob> {
-        &self.0.lanes().complete
-    }
-    fn send(&self, batch: Vec<CompleteJob>) -> impl Future<Output = ()> + Send {
-        self.0.complete_batch(batch)
+    fn send_completes(&self, batch: Vec<CompleteJob>) -> impl Future<Output = ()> + Send {
+        self.complete_batch(batch)
     }
 }
 
@@ -208,32 +146,23 @@ impl MySqlStore {
         match self.begin_rows(&batch).await {
             Ok(rows) => {
                 for job in batch {
-                    let mine = job.owner.as_u128().to_be_bytes();
                     let claim = rows.iter().find_map(|(key, owner, fencing, live)| {
-                        (key.as_slice() == job.key.as_bytes() && *live && owner[..] == mine).then(
-                            || Claim::Reserved {
+                        (key.as_slice() == job.key.as_bytes() && *live && owner[..] == job.owner)
+                            .then(|| Claim::Reserved {
                                 ownership: Ownership::new(
-                                    job.owner,
+                                    OwnerToken::from_u128(u128::from_be_bytes(job.owner)),
                                     FencingToken::new(*fencing as u64),
                                 ),
                                 took_over: false,
-                            },
-                        )
+                            })
                     });
                     let _ = job.reply.send(Ok(claim.map_or(Reply::Alone, Reply::Done)));
                 }
             }
-            Err(e) if retry_alone(&e) => {
-                for job in batch {
-                    let _ = job.reply.send(Ok(Reply::Alone));
-                }
-            }
+            // A lock wait or deadlock that rolled the statement back: each alone.
             Err(e) => {
-                let e = self.err(e);
-                let copy = copies(&e);
-                for job in batch {
-                    let _ = job.reply.send(Err(copy()));
-                }
+                let alone = retry_alone(&e);
+                idemkit_sql::batch::failed(batch.into_iter().map(|j| j.reply), alone, self.err(e));
             }
         }
     }
@@ -246,15 +175,11 @@ impl MySqlStore {
     ) -> Result<Vec<(Vec<u8>, Vec<u8>, i64, bool)>, sqlx::Error> {
         let flavor = self.flavor().await?;
         let sql = begin_sql(&self.inner.table, batch.len(), flavor);
-        let owners: Vec<[u8; 16]> = batch
-            .iter()
-            .map(|j| j.owner.as_u128().to_be_bytes())
-            .collect();
         let mut q = sqlx::query(&sql);
-        for (j, owner) in batch.iter().zip(&owners) {
+        for j in batch {
             q = q
                 .bind(j.key.as_str())
-                .bind(&owner[..])
+                .bind(&j.owner[..])
                 .bind(j.fingerprint.as_ref().map(|f| &f[..]))
                 .bind(j.lease_us)
                 .bind(j.holder.as_deref());
@@ -321,17 +246,10 @@ impl MySqlStore {
                     let _ = job.reply.send(Ok(Reply::Alone));
                 }
             }
-            Err(e) if retry_alone(&e) => {
-                for job in batch {
-                    let _ = job.reply.send(Ok(Reply::Alone));
-                }
-            }
+            // A lock wait or deadlock that rolled the statement back: each alone.
             Err(e) => {
-                let e = self.err(e);
-                let copy = copies(&e);
-                for job in batch {
-                    let _ = job.reply.send(Err(copy()));
-                }
+                let alone = retry_alone(&e);
+                idemkit_sql::batch::failed(batch.into_iter().map(|j| j.reply), alone, self.err(e));
             }
         }
     }

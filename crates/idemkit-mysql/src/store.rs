@@ -13,6 +13,7 @@ use sqlx::{Executor as _, Row as _};
 
 use crate::row::{columns, map_err, read_record};
 use crate::sql::Statements;
+use idemkit_coalesce::Entry;
 use idemkit_sql::guess::{Guess, Guesser};
 use idemkit_sql::row::Columns;
 
@@ -55,7 +56,7 @@ pub(crate) struct Inner {
     guess: Guesser,
     /// The queues of concurrent `begin`s and `complete`s, when coalescing is on (see
     /// batch.rs).
-    lanes: Option<crate::batch::Lanes>,
+    pub(crate) lanes: Option<crate::batch::Lanes>,
     /// MariaDB or MySQL, asked once by the first batch (its statement's lock-wait bound is
     /// written in each server's syntax).
     flavor: tokio::sync::OnceCell<crate::batch::Flavor>,
@@ -217,7 +218,9 @@ impl MySqlStoreBuilder {
                 table: self.table,
                 recheck: self.recheck,
                 guess: Guesser::default(),
-                lanes: self.coalesce.then(crate::batch::Lanes::default),
+                lanes: self
+                    .coalesce
+                    .then(|| crate::batch::Lanes::new(crate::batch::LIMITS)),
                 flavor: tokio::sync::OnceCell::new(),
             }),
         })
@@ -462,24 +465,15 @@ impl Store for MySqlStore {
         request: &CompleteRequest,
     ) -> Result<(), StoreError> {
         if self.inner.lanes.is_some() {
-            let mut queued = None;
-            let lead = idemkit_coalesce::enter(&crate::batch::Batches(self.clone()), || {
-                let (reply, answer) = tokio::sync::oneshot::channel();
-                queued = Some(answer);
-                crate::batch::CompleteJob {
-                    key: key.as_str().to_owned(),
-                    owner: owner_bytes(ownership),
-                    fencing: fencing_i64(ownership.fencing),
-                    kind: i16::from(request.kind.to_byte()),
-                    bytes: request.bytes.clone(),
-                    ttl_us: micros(request.ttl),
-                    reply,
-                }
-            });
-            let Some(answer) = queued else {
-                let _lead = lead;
-                return self.complete_alone(key, ownership, request).await;
-            };
+            let answer =
+                match idemkit_coalesce::queue(&crate::batch::Batches(self.clone()), |reply| {
+                    crate::batch::CompleteJob::new(key, ownership, request, reply)
+                }) {
+                    Entry::Alone(_lead) => {
+                        return self.complete_alone(key, ownership, request).await;
+                    }
+                    Entry::Queued(answer) => answer,
+                };
             if let idemkit_coalesce::Reply::Done(()) = idemkit_coalesce::answer(answer).await? {
                 return Ok(());
             }
@@ -579,15 +573,8 @@ impl MySqlStore {
         ownership: &Ownership,
         request: &CompleteRequest,
     ) -> Result<(), StoreError> {
-        let done = self
-            .complete_query(key, ownership, request)
-            .execute(&self.inner.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-        if done.rows_affected() == 1 {
-            return Ok(());
-        }
-        self.completed_by(key, ownership).await
+        let mut conn = self.inner.pool.acquire().await.map_err(|e| self.err(e))?;
+        self.complete_on(&mut conn, key, ownership, request).await
     }
 
     /// A `begin` through the coalescer (batch.rs): its claim from a batch, or `None` when it
@@ -597,37 +584,17 @@ impl MySqlStore {
         if self.inner.lanes.is_none() || self.inner.guess.guess() == Guess::Live {
             return Ok(None);
         }
-        let mut queued = None;
-        let lead = idemkit_coalesce::enter(&crate::batch::Batches(self.clone()), || {
-            let (reply, answer) = tokio::sync::oneshot::channel();
-            queued = Some(answer);
-            let lease_ms = u64::try_from(req.lease.as_millis()).unwrap_or(u64::MAX);
-            crate::batch::BeginJob {
-                key: req.key.as_str().to_owned(),
-                owner: req.owner,
-                lease_us: micros(req.lease),
-                fingerprint: req.fingerprint.map(|f| f.to_bytes()),
-                holder: req.holder.map(|h| h.block(lease_ms)),
-                reply,
-            }
-        });
-        let Some(answer) = queued else {
+        let answer = match idemkit_coalesce::queue(&crate::batch::Batches(self.clone()), |reply| {
+            crate::batch::BeginJob::new(req, reply)
+        }) {
             // Alone: the lane's place is held until this call's statements are done.
-            let _lead = lead;
-            return self.begin_once(req).await.map(Some);
+            Entry::Alone(_lead) => return self.begin_once(req).await.map(Some),
+            Entry::Queued(answer) => answer,
         };
         match idemkit_coalesce::answer(answer).await? {
             idemkit_coalesce::Reply::Done(claim) => Ok(Some(claim)),
             idemkit_coalesce::Reply::Alone => Ok(None),
         }
-    }
-
-    /// The lanes of queued calls (only a store that coalesces has a `Batches`).
-    pub(crate) fn lanes(&self) -> &crate::batch::Lanes {
-        self.inner
-            .lanes
-            .as_ref()
-            .expect("the lanes of a store that coalesces")
     }
 
     /// MariaDB or MySQL, asked once.

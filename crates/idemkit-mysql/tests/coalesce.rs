@@ -6,6 +6,8 @@
 
 mod support;
 
+use idemkit_test::{reserved, spawn_begin, unique_keys as keys};
+
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -16,7 +18,6 @@ use idemkit_mysql::MySqlStore;
 use sqlx::MySqlPool;
 use sqlx::mysql::MySqlPoolOptions;
 use sqlx::pool::PoolConnection;
-use tokio::task::JoinHandle;
 
 const TABLE: &str = "idemkit_test_records";
 
@@ -41,25 +42,6 @@ async fn held(coalesce: bool) -> Option<(MySqlStore, PoolConnection<sqlx::MySql>
     Some((store, conn, look))
 }
 
-fn keys(name: &str, n: usize) -> Vec<StorageKey> {
-    (0..n)
-        .map(|i| idemkit_test::unique_key(&format!("{name}-{i:02}")))
-        .collect()
-}
-
-fn spawn_begin(
-    store: &MySqlStore,
-    key: &StorageKey,
-    owner: OwnerToken,
-) -> JoinHandle<Result<Claim, idemkit_core::StoreError>> {
-    let (store, key) = (store.clone(), key.clone());
-    tokio::spawn(async move {
-        store
-            .begin(&BeginRequest::new(&key, owner, Duration::from_secs(30)))
-            .await
-    })
-}
-
 /// Lets the spawned calls reach their lane (they do no I/O before it).
 async fn settle() {
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -75,13 +57,6 @@ async fn distinct_clocks(look: &MySqlPool, keys: &[StorageKey]) -> i64 {
         q = q.bind(k.as_str());
     }
     q.fetch_one(look).await.unwrap()
-}
-
-fn reserved(claim: Result<Claim, idemkit_core::StoreError>) -> Ownership {
-    match claim.unwrap() {
-        Claim::Reserved { ownership, .. } => ownership,
-        other => panic!("expected a reservation, got {other:?}"),
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,8 +18,7 @@
 //! statement's lock waits are bounded (`BATCH_LOCK_TIMEOUT`, sql.rs): a locked row sends
 //! the batch's calls alone, so only the locked key's own call waits for it.
 
-use bytes::Bytes;
-use idemkit_coalesce::{Job, Lane, Limits, Reply, Sender, copies};
+use idemkit_coalesce::{Limits, Reply, copies};
 use sqlx::Row as _;
 use sqlx::postgres::PgRow;
 
@@ -41,32 +40,13 @@ pub(crate) const LIMITS: Limits = Limits::new(64, 2)
 
 type Responder<T> = idemkit_coalesce::Responder<Reply<T>>;
 
-/// The two lanes of one store.
-#[derive(Debug)]
-pub(crate) struct Lanes {
-    pub(crate) begin: Lane<BeginJob>,
-    pub(crate) complete: Lane<CompleteJob>,
-}
+/// The two lanes of one store (the jobs are `idemkit_sql`'s, shared with MySQL).
+pub(crate) type Lanes = idemkit_sql::batch::Lanes<PgRow>;
 
-impl Default for Lanes {
-    fn default() -> Self {
-        Lanes {
-            begin: Lane::new(LIMITS),
-            complete: Lane::new(LIMITS),
-        }
-    }
-}
+/// A queued `begin`: answered with its row of `begin_many`.
+pub(crate) type BeginJob = idemkit_sql::batch::BeginJob<PgRow>;
 
-/// A queued `begin`: its parameters, owned; answered with its row of `begin_many`.
-#[derive(Debug)]
-pub(crate) struct BeginJob {
-    pub(crate) key: String,
-    pub(crate) owner: [u8; 16],
-    pub(crate) lease_us: i64,
-    pub(crate) fingerprint: Option<[u8; 16]>,
-    pub(crate) holder: Option<Vec<u8>>,
-    pub(crate) reply: Responder<PgRow>,
-}
+pub(crate) use idemkit_sql::batch::CompleteJob;
 
 /// One key's parameters of `begin_many`.
 pub(crate) struct BeginColumns<'a> {
@@ -77,59 +57,18 @@ pub(crate) struct BeginColumns<'a> {
     pub(crate) holder: Option<&'a [u8]>,
 }
 
-/// A queued `complete`; answered once its row is completed (and its waiters notified).
-#[derive(Debug)]
-pub(crate) struct CompleteJob {
-    pub(crate) key: String,
-    pub(crate) owner: [u8; 16],
-    pub(crate) fencing: i64,
-    pub(crate) kind: i16,
-    pub(crate) bytes: Bytes,
-    pub(crate) ttl_us: i64,
-    pub(crate) reply: Responder<()>,
-}
+pub(crate) use idemkit_sql::batch::Batches;
 
-impl Job for BeginJob {
-    fn key(&self) -> &str {
-        &self.key
+impl idemkit_sql::batch::Batching for PgStore {
+    type Begun = PgRow;
+    fn lanes(&self) -> Option<&Lanes> {
+        self.inner.lanes.as_ref()
     }
-    fn abandoned(&self) -> bool {
-        self.reply.is_closed()
+    fn send_begins(&self, batch: Vec<BeginJob>) -> impl Future<Output = ()> + Send {
+        self.begin_batch(batch)
     }
-}
-
-impl Job for CompleteJob {
-    fn key(&self) -> &str {
-        &self.key
-    }
-    fn abandoned(&self) -> bool {
-        self.reply.is_closed()
-    }
-    fn size(&self) -> usize {
-        self.bytes.len()
-    }
-}
-
-/// The store as the coalescer sends on it: a batch of `begin`s is one `begin_many`
-/// statement, a batch of `complete`s one `complete_many`.
-#[derive(Clone)]
-pub(crate) struct Batches(pub(crate) PgStore);
-
-impl Sender<BeginJob> for Batches {
-    fn lane(&self) -> &Lane<BeginJob> {
-        &self.0.lanes().begin
-    }
-    fn send(&self, batch: Vec<BeginJob>) -> impl Future<Output = ()> + Send {
-        self.0.begin_batch(batch)
-    }
-}
-
-impl Sender<CompleteJob> for Batches {
-    fn lane(&self) -> &Lane<CompleteJob> {
-        &self.0.lanes().complete
-    }
-    fn send(&self, batch: Vec<CompleteJob>) -> impl Future<Output = ()> + Send {
-        self.0.complete_batch(batch)
+    fn send_completes(&self, batch: Vec<CompleteJob>) -> impl Future<Output = ()> + Send {
+        self.complete_batch(batch)
     }
 }
 
@@ -142,28 +81,11 @@ fn retry_alone(e: &sqlx::Error) -> bool {
 }
 
 impl PgStore {
-    pub(crate) fn lanes(&self) -> &Lanes {
-        // Only a store with lanes has a `Batches`.
-        self.inner
-            .lanes
-            .as_ref()
-            .expect("the lanes of a store that coalesces")
-    }
-
     /// Answers each caller of a batch whose statement failed: `Alone` for a failure a
     /// single statement handles, else the typed error.
     fn failed<T>(&self, replies: impl Iterator<Item = Responder<T>>, e: sqlx::Error) {
-        if retry_alone(&e) {
-            for reply in replies {
-                let _ = reply.send(Ok(Reply::Alone));
-            }
-            return;
-        }
-        let e = self.err(e);
-        let copy = copies(&e);
-        for reply in replies {
-            let _ = reply.send(Err(copy()));
-        }
+        let alone = retry_alone(&e);
+        idemkit_sql::batch::failed(replies, alone, self.err(e));
     }
 
     /// Sends `begin_many` for keys in the order given (`bounded`: a coalesced batch, whose

@@ -18,7 +18,7 @@ use crate::errors::{map_err, read_record};
 use crate::names::Table;
 use crate::sql::Statements;
 use crate::wake::{Listener, Waiters};
-use idemkit_coalesce::Reply;
+use idemkit_coalesce::{Entry, Reply};
 use idemkit_sql::guess::{Guess, Guesser};
 
 /// The migration call the "table is missing" error names.
@@ -98,7 +98,7 @@ impl PgStore {
                 listener: Listener::default(),
                 recheck,
                 guess: Guesser::default(),
-                lanes: coalesce.then(Lanes::default),
+                lanes: coalesce.then(|| Lanes::new(crate::batch::LIMITS)),
             }),
         }
     }
@@ -386,22 +386,11 @@ impl Store for PgStore {
         if self.inner.lanes.is_none() {
             return self.begin_alone(req).await;
         }
-        let mut queued = None;
-        let lead = idemkit_coalesce::enter(&Batches(self.clone()), || {
-            let (reply, answer) = tokio::sync::oneshot::channel();
-            queued = Some(answer);
-            BeginJob {
-                key: req.key.as_str().to_owned(),
-                owner: req.owner.as_u128().to_be_bytes(),
-                lease_us: micros(req.lease),
-                fingerprint: req.fingerprint.map(|f| f.to_bytes()),
-                holder: holder_block(req),
-                reply,
-            }
-        });
-        let Some(answer) = queued else {
-            let _lead = lead;
-            return self.begin_alone(req).await;
+        let answer = match idemkit_coalesce::queue(&Batches(self.clone()), |reply| {
+            BeginJob::new(req, reply)
+        }) {
+            Entry::Alone(_lead) => return self.begin_alone(req).await,
+            Entry::Queued(answer) => answer,
         };
         let answer = idemkit_coalesce::answer(answer).await?;
         if let Reply::Done(row) = answer
@@ -419,23 +408,11 @@ impl Store for PgStore {
         request: &CompleteRequest,
     ) -> Result<(), StoreError> {
         if self.inner.lanes.is_some() {
-            let mut queued = None;
-            let lead = idemkit_coalesce::enter(&Batches(self.clone()), || {
-                let (reply, answer) = tokio::sync::oneshot::channel();
-                queued = Some(answer);
-                CompleteJob {
-                    key: key.as_str().to_owned(),
-                    owner: owner_bytes(ownership),
-                    fencing: fencing_i64(ownership.fencing),
-                    kind: i16::from(request.kind.to_byte()),
-                    bytes: request.bytes.clone(),
-                    ttl_us: micros(request.ttl),
-                    reply,
-                }
-            });
-            let Some(answer) = queued else {
-                let _lead = lead;
-                return self.complete_alone(key, ownership, request).await;
+            let answer = match idemkit_coalesce::queue(&Batches(self.clone()), |reply| {
+                CompleteJob::new(key, ownership, request, reply)
+            }) {
+                Entry::Alone(_lead) => return self.complete_alone(key, ownership, request).await,
+                Entry::Queued(answer) => answer,
             };
             match idemkit_coalesce::answer(answer).await? {
                 Reply::Done(()) => return Ok(()),

@@ -6,6 +6,8 @@
 
 mod support;
 
+use idemkit_test::{reserved, spawn_begin, unique_keys as keys};
+
 use std::time::Duration;
 
 use idemkit_core::{
@@ -16,7 +18,6 @@ use idemkit_postgres::PgStore;
 use sqlx::PgPool;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgPoolOptions;
-use tokio::task::JoinHandle;
 
 /// A store on a pool of one connection, that connection held, and a second pool to look
 /// at the table with.
@@ -41,28 +42,6 @@ async fn held(coalesce: bool) -> Option<(PgStore, PoolConnection<sqlx::Postgres>
     Some((store, conn, look))
 }
 
-fn keys(name: &str, n: usize) -> Vec<StorageKey> {
-    (0..n)
-        .map(|i| idemkit_test::unique_key(&format!("{name}-{i:02}")))
-        .collect()
-}
-
-fn spawn_begin(
-    store: &PgStore,
-    key: &StorageKey,
-) -> JoinHandle<Result<Claim, idemkit_core::StoreError>> {
-    let (store, key) = (store.clone(), key.clone());
-    tokio::spawn(async move {
-        store
-            .begin(&BeginRequest::new(
-                &key,
-                OwnerToken::random(),
-                Duration::from_secs(30),
-            ))
-            .await
-    })
-}
-
 /// Lets the spawned calls reach their lane (they do no I/O before it).
 async fn settle() {
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -79,13 +58,6 @@ async fn distinct_clocks(look: &PgPool, keys: &[StorageKey]) -> i64 {
     .unwrap()
 }
 
-fn reserved(claim: Result<Claim, idemkit_core::StoreError>) -> Ownership {
-    match claim.unwrap() {
-        Claim::Reserved { ownership, .. } => ownership,
-        other => panic!("expected a reservation, got {other:?}"),
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queued_begins_go_out_as_one_statement_and_a_store_without_coalescing_sends_each() {
     for coalesce in [true, false] {
@@ -93,7 +65,10 @@ async fn queued_begins_go_out_as_one_statement_and_a_store_without_coalescing_se
             return;
         };
         let keys = keys("one-statement", 12);
-        let calls: Vec<_> = keys.iter().map(|k| spawn_begin(&store, k)).collect();
+        let calls: Vec<_> = keys
+            .iter()
+            .map(|k| spawn_begin(&store, k, OwnerToken::random()))
+            .collect();
         settle().await;
         drop(conn);
         for call in calls {
@@ -117,9 +92,16 @@ async fn a_queued_call_whose_caller_left_is_never_sent() {
     };
     let keys = keys("caller-left", 8);
     // The first two take the slots (and wait for the connection); the rest queue.
-    let mut calls: Vec<_> = keys[..2].iter().map(|k| spawn_begin(&store, k)).collect();
+    let mut calls: Vec<_> = keys[..2]
+        .iter()
+        .map(|k| spawn_begin(&store, k, OwnerToken::random()))
+        .collect();
     settle().await;
-    calls.extend(keys[2..].iter().map(|k| spawn_begin(&store, k)));
+    calls.extend(
+        keys[2..]
+            .iter()
+            .map(|k| spawn_begin(&store, k, OwnerToken::random())),
+    );
     settle().await;
     // The callers of the last four (queued) give up, as a timeout would drop them.
     for call in &calls[4..] {
@@ -150,10 +132,15 @@ async fn concurrent_duplicates_in_the_queue_are_answered_one_after_the_other() {
     };
     let fill = keys("dup-fill", 2);
     let key = &keys("dup", 1)[0];
-    let mut calls: Vec<_> = fill.iter().map(|k| spawn_begin(&store, k)).collect();
+    let mut calls: Vec<_> = fill
+        .iter()
+        .map(|k| spawn_begin(&store, k, OwnerToken::random()))
+        .collect();
     settle().await;
     // Three callers of one key, queued together: one statement cannot reserve a row twice.
-    let dups: Vec<_> = (0..3).map(|_| spawn_begin(&store, key)).collect();
+    let dups: Vec<_> = (0..3)
+        .map(|_| spawn_begin(&store, key, OwnerToken::random()))
+        .collect();
     settle().await;
     drop(conn);
     for call in calls.drain(..) {
@@ -192,7 +179,10 @@ async fn a_failed_batch_gives_every_caller_its_typed_error() {
         .unwrap();
     let conn = one.acquire().await.unwrap();
     let keys = keys("failed-batch", 6);
-    let calls: Vec<_> = keys.iter().map(|k| spawn_begin(&store, k)).collect();
+    let calls: Vec<_> = keys
+        .iter()
+        .map(|k| spawn_begin(&store, k, OwnerToken::random()))
+        .collect();
     settle().await;
     drop(conn);
     for call in calls {
@@ -212,7 +202,9 @@ async fn queued_completions_store_wake_their_waiters_and_refuse_a_stale_owner() 
     let keys = keys("complete-batch", 6);
     let mut owners = Vec::new();
     for k in &keys {
-        owners.push(reserved(spawn_begin(&store, k).await.unwrap()));
+        owners.push(reserved(
+            spawn_begin(&store, k, OwnerToken::random()).await.unwrap(),
+        ));
     }
     // A waiter on key 2 (through a store of its own pool, as another process's), which
     // only a notification wakes within the test (re-check 60 s).
@@ -403,10 +395,17 @@ async fn a_row_lock_stalls_only_its_own_key_not_the_batch() {
         conns.push(four.acquire().await.unwrap());
     }
     let fresh = keys("row-lock-fresh", 20);
-    let mut calls: Vec<_> = fresh[..2].iter().map(|k| spawn_begin(&store, k)).collect();
+    let mut calls: Vec<_> = fresh[..2]
+        .iter()
+        .map(|k| spawn_begin(&store, k, OwnerToken::random()))
+        .collect();
     settle().await;
-    let stalled = spawn_begin(&store, &locked);
-    calls.extend(fresh[2..].iter().map(|k| spawn_begin(&store, k)));
+    let stalled = spawn_begin(&store, &locked, OwnerToken::random());
+    calls.extend(
+        fresh[2..]
+            .iter()
+            .map(|k| spawn_begin(&store, k, OwnerToken::random())),
+    );
     settle().await;
     drop(conns);
     for (i, call) in calls.into_iter().enumerate() {

@@ -17,6 +17,7 @@ use crate::errors::{int, map_err, owner_checked};
 use crate::keys::{self, ms};
 use crate::scripts::{self, Done, Head, Mine, Parts, Rest, eval_on};
 use crate::{RedisStore, durable, plain, replays, stamp};
+use idemkit_coalesce::Entry;
 
 /// One connection of a single-server store with its two queues. Every command about a key
 /// goes through the key's lane (chosen by its hash tag), so a key's commands reach Redis in
@@ -98,28 +99,25 @@ impl RedisStore {
         }
         let fingerprint = req.fingerprint.map(|f| f.to_bytes());
         let _lead = if self.shared.coalesce {
-            let mut queued = None;
             let to = OnLane {
                 shared: self.shared.clone(),
                 at: lane,
             };
-            let lead = idemkit_coalesce::enter(&to, || {
-                let (reply, answer) = tokio::sync::oneshot::channel();
-                queued = Some(answer);
-                BeginJob {
-                    // Queued, this call needs the key no more: moved, not copied.
-                    rkey: std::mem::take(&mut rkey),
-                    owner: req.owner.as_u128(),
-                    fingerprint,
-                    lease_ms: ms(req.lease),
-                    holder: req.holder.cloned(),
-                    reply,
-                }
+            let entry = idemkit_coalesce::queue(&to, |reply| BeginJob {
+                // Queued, this call needs the key no more: moved, not copied.
+                rkey: std::mem::take(&mut rkey),
+                owner: req.owner.as_u128(),
+                fingerprint,
+                lease_ms: ms(req.lease),
+                holder: req.holder.cloned(),
+                reply,
             });
-            if let Some(answer) = queued {
-                return claim_of(req, idemkit_coalesce::answer(answer).await?);
+            match entry {
+                Entry::Alone(lead) => Some(lead),
+                Entry::Queued(answer) => {
+                    return claim_of(req, idemkit_coalesce::answer(answer).await?);
+                }
             }
-            lead
         } else {
             None
         };
@@ -223,32 +221,29 @@ impl RedisStore {
         let lane = self.lane(&rkey);
         let reserved = completion.reservation.as_ref();
         let _lead = if self.shared.coalesce {
-            let mut queued = None;
             let to = OnLane {
                 shared: self.shared.clone(),
                 at: lane,
             };
-            let lead = idemkit_coalesce::enter(&to, || {
-                let (reply, answer) = tokio::sync::oneshot::channel();
-                queued = Some(answer);
-                CompleteJob {
-                    rkey: std::mem::take(&mut rkey),
-                    owner: lease.owner.as_u128(),
-                    fencing: lease.fencing.get(),
-                    ttl_ms: ms(completion.ttl),
-                    kind: completion.kind,
-                    bytes: completion.bytes.clone(),
-                    fingerprint: reserved.and_then(|r| r.fingerprint).map(|f| f.to_bytes()),
-                    holder: reserved.and_then(|r| Some((r.holder.clone()?, ms(r.lease)))),
-                    known: reserved.is_some() && self.shared.durable.is_none(),
-                    reply,
-                }
+            let entry = idemkit_coalesce::queue(&to, |reply| CompleteJob {
+                rkey: std::mem::take(&mut rkey),
+                owner: lease.owner.as_u128(),
+                fencing: lease.fencing.get(),
+                ttl_ms: ms(completion.ttl),
+                kind: completion.kind,
+                bytes: completion.bytes.clone(),
+                fingerprint: reserved.and_then(|r| r.fingerprint).map(|f| f.to_bytes()),
+                holder: reserved.and_then(|r| Some((r.holder.clone()?, ms(r.lease)))),
+                known: reserved.is_some() && self.shared.durable.is_none(),
+                reply,
             });
-            if let Some(answer) = queued {
-                let reply = idemkit_coalesce::answer(answer).await?;
-                return owner_checked(int(Some(&reply))?);
+            match entry {
+                Entry::Alone(lead) => Some(lead),
+                Entry::Queued(answer) => {
+                    let reply = idemkit_coalesce::answer(answer).await?;
+                    return owner_checked(int(Some(&reply))?);
+                }
             }
-            lead
         } else {
             None
         };

@@ -7,7 +7,9 @@
 //!   [`DeliverError`]), and the seed's consumer as one runner handler ([`InboxHandler`] over a
 //!   database's [`InboxTx`]);
 //! - the record as a row of columns ([`row`]) and the choice of a `begin`'s first statement
-//!   ([`guess`]).
+//!   ([`guess`]);
+//! - what a coalesced call is ([`batch`]: the queued `begin` and `complete`, a store's two
+//!   lanes, a failed batch's answer).
 //!
 //! An application uses these through its store's crate, which re-exports what it needs
 //! (`idemkit_postgres::TxCall`, `idemkit_mysql::Seen`, ...).
@@ -23,6 +25,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod batch;
 pub mod guess;
 mod handler;
 mod inbox;

@@ -142,6 +142,51 @@ pub fn unique_key(name: &str) -> StorageKey {
     StorageKey::new(&op, None, &key)
 }
 
+/// `n` fresh keys named `{name}-00`, `{name}-01`, ... (each [`unique_key`]).
+///
+/// ```
+/// let keys = idemkit_test::unique_keys("order", 3);
+/// assert_eq!(keys.len(), 3);
+/// ```
+pub fn unique_keys(name: &str, n: usize) -> Vec<StorageKey> {
+    (0..n)
+        .map(|i| unique_key(&format!("{name}-{i:02}")))
+        .collect()
+}
+
+/// Spawns `store.begin` of `key` for `owner` with a 30 s lease: a call that queues in a
+/// coalescing store's lane while the test holds its connection.
+pub fn spawn_begin<S: idemkit_core::Store + Clone + Send + Sync + 'static>(
+    store: &S,
+    key: &StorageKey,
+    owner: idemkit_core::OwnerToken,
+) -> tokio::task::JoinHandle<Result<idemkit_core::Claim, idemkit_core::StoreError>> {
+    let (store, key) = (store.clone(), key.clone());
+    tokio::spawn(async move {
+        store
+            .begin(&idemkit_core::BeginRequest::new(
+                &key,
+                owner,
+                std::time::Duration::from_secs(30),
+            ))
+            .await
+    })
+}
+
+/// The ownership of a claim that must be a reservation.
+///
+/// # Panics
+///
+/// On an error or any other claim: the test's failure, with what came instead.
+pub fn reserved(
+    claim: Result<idemkit_core::Claim, idemkit_core::StoreError>,
+) -> idemkit_core::Ownership {
+    match claim {
+        Ok(idemkit_core::Claim::Reserved { ownership, .. }) => ownership,
+        other => panic!("expected a reservation, got {other:?}"),
+    }
+}
+
 /// Calls `$then!($($args)*; <every check name>)`: the one list of conformance checks.
 #[doc(hidden)]
 #[macro_export]
