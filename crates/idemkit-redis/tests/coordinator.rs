@@ -107,15 +107,21 @@ async fn a_prepared_batch_is_one_command_to_reserve_and_one_to_replay() {
     let stale = c.store().plain_begin_counts().stale;
     let fresh = support::client_commands(server.port, async { first = run_batch().await }).await;
     assert!(first.iter().all(|s| *s == Source::Fresh), "{first:?}");
-    // Each stamp not proven (a machine so busy that over 1 ms passed between stamping and
-    // running) is taken again by a `begin` script.
-    let restamped = (c.store().plain_begin_counts().stale - stale) as usize;
+    // The stamp not proven (a machine so busy that over 1 ms passed between stamping and
+    // running) is taken again for the whole batch by one script call (`restamp_many.lua`,
+    // loaded on its first use, after which the store asks again whether the server has
+    // `SET … IFEQ`: at most four commands).
+    let restamped = c.store().plain_begin_counts().stale > stale;
     assert_eq!(fresh[..10], pipeline[..], "{fresh:?}");
-    assert_eq!(
-        fresh.len(),
-        10 + restamped + 8,
-        "one pipeline and 8 completions: {fresh:?}"
-    );
+    if restamped {
+        assert!(fresh.len() <= 10 + 4 + 8, "{fresh:?}");
+    } else {
+        assert_eq!(
+            fresh.len(),
+            10 + 8,
+            "one pipeline and 8 completions: {fresh:?}"
+        );
+    }
     let mut second = Vec::new();
     let replay = support::client_commands(server.port, async { second = run_batch().await }).await;
     assert!(second.iter().all(|s| *s == Source::Replayed), "{second:?}");
