@@ -59,15 +59,22 @@ impl MySqlServer {
             std::env::temp_dir().join(format!("idemkit-mysql-{port}-{:x}", fastrand::u32(..)));
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
         let data = dir.join("data");
+        // A temporary directory of the server's own: a server starting removes every
+        // `#sql*` file of its `tmpdir`, so servers sharing `/tmp` (the tests start theirs
+        // at once, beside the machine's) delete each other's temporary tables mid-install
+        // ("Could not remove temporary table", then `Unknown table 'mysql.tmp_user_sys'`).
+        let tmp = dir.join("tmp");
+        std::fs::create_dir_all(&tmp).map_err(|e| e.to_string())?;
         let as_root = root();
         if as_root {
             let _ = Command::new("chown")
-                .args(["mysql:mysql", &dir.to_string_lossy()])
+                .args(["-R", "mysql:mysql", &dir.to_string_lossy()])
                 .status();
         }
         let mut c = Command::new(install);
         c.arg("--no-defaults")
             .arg(format!("--datadir={}", data.display()))
+            .arg(format!("--tmpdir={}", tmp.display()))
             .args(["--auth-root-authentication-method=normal", "--skip-test-db"]);
         if as_root {
             c.arg("--user=mysql");
@@ -82,6 +89,7 @@ impl MySqlServer {
         let mut c = Command::new("timeout");
         c.args(["--kill-after=5", "900", server, "--no-defaults"])
             .arg(format!("--datadir={}", data.display()))
+            .arg(format!("--tmpdir={}", tmp.display()))
             .arg(format!("--port={port}"))
             .arg("--bind-address=127.0.0.1")
             .arg(format!("--socket={}", dir.join("mysqld.sock").display()))
