@@ -32,8 +32,9 @@
 //! its check for a completion already made (a retried completion, or this batch's) tell a
 //! completed row from a lost lease.
 
-use idemkit_coalesce::{Limits, Reply};
-use idemkit_core::{Claim, FencingToken, OwnerToken, Ownership};
+use idemkit_coalesce::{Entry, Limits, Reply};
+use idemkit_core::{BeginRequest, Claim, FencingToken, OwnerToken, Ownership, StoreError};
+use idemkit_sql::guess::Guess;
 use sqlx::Row as _;
 
 use crate::sql::NOW;
@@ -252,5 +253,46 @@ impl MySqlStore {
                 idemkit_sql::batch::failed(batch.into_iter().map(|j| j.reply), alone, self.err(e));
             }
         }
+    }
+
+    /// A `begin` through the coalescer (batch.rs): its claim from a batch, or `None` when it
+    /// goes alone (an idle lane, coalescing off, a run of replays: the read-first `begin`
+    /// answers those in one statement; or the batch sent it back).
+    pub(crate) async fn begin_queued(
+        &self,
+        req: &BeginRequest<'_>,
+    ) -> Result<Option<Claim>, StoreError> {
+        if self.inner.lanes.is_none() || self.inner.guess.guess() == Guess::Live {
+            return Ok(None);
+        }
+        let answer = match idemkit_coalesce::queue(&crate::batch::Batches(self.clone()), |reply| {
+            crate::batch::BeginJob::new(req, reply)
+        }) {
+            // Alone: the lane's place is held until this call's statements are done.
+            Entry::Alone(_lead) => return self.begin_once(req).await.map(Some),
+            Entry::Queued(answer) => answer,
+        };
+        match idemkit_coalesce::answer(answer).await? {
+            idemkit_coalesce::Reply::Done(claim) => Ok(Some(claim)),
+            idemkit_coalesce::Reply::Alone => Ok(None),
+        }
+    }
+
+    /// MariaDB or MySQL, asked once.
+    pub(crate) async fn flavor(&self) -> Result<crate::batch::Flavor, sqlx::Error> {
+        self.inner
+            .flavor
+            .get_or_try_init(|| async {
+                let version: String = sqlx::query_scalar("SELECT VERSION()")
+                    .fetch_one(&self.inner.pool)
+                    .await?;
+                Ok(if version.to_ascii_lowercase().contains("mariadb") {
+                    crate::batch::Flavor::MariaDb
+                } else {
+                    crate::batch::Flavor::MySql
+                })
+            })
+            .await
+            .copied()
     }
 }

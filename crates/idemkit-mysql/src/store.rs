@@ -53,13 +53,13 @@ pub(crate) struct Inner {
     pub(crate) sql: Statements,
     recheck: Duration,
     /// What recent `begin`s met: after a run of replays, `begin` reads first.
-    guess: Guesser,
+    pub(crate) guess: Guesser,
     /// The queues of concurrent `begin`s and `complete`s, when coalescing is on (see
     /// batch.rs).
     pub(crate) lanes: Option<crate::batch::Lanes>,
     /// MariaDB or MySQL, asked once by the first batch (its statement's lock-wait bound is
     /// written in each server's syntax).
-    flavor: tokio::sync::OnceCell<crate::batch::Flavor>,
+    pub(crate) flavor: tokio::sync::OnceCell<crate::batch::Flavor>,
 }
 
 /// A table name the store refuses: 1 to 48 of `a-z`, `0-9` and `_`, not starting with a
@@ -577,48 +577,10 @@ impl MySqlStore {
         self.complete_on(&mut conn, key, ownership, request).await
     }
 
-    /// A `begin` through the coalescer (batch.rs): its claim from a batch, or `None` when it
-    /// goes alone (an idle lane, coalescing off, a run of replays: the read-first `begin`
-    /// answers those in one statement; or the batch sent it back).
-    async fn begin_queued(&self, req: &BeginRequest<'_>) -> Result<Option<Claim>, StoreError> {
-        if self.inner.lanes.is_none() || self.inner.guess.guess() == Guess::Live {
-            return Ok(None);
-        }
-        let answer = match idemkit_coalesce::queue(&crate::batch::Batches(self.clone()), |reply| {
-            crate::batch::BeginJob::new(req, reply)
-        }) {
-            // Alone: the lane's place is held until this call's statements are done.
-            Entry::Alone(_lead) => return self.begin_once(req).await.map(Some),
-            Entry::Queued(answer) => answer,
-        };
-        match idemkit_coalesce::answer(answer).await? {
-            idemkit_coalesce::Reply::Done(claim) => Ok(Some(claim)),
-            idemkit_coalesce::Reply::Alone => Ok(None),
-        }
-    }
-
-    /// MariaDB or MySQL, asked once.
-    pub(crate) async fn flavor(&self) -> Result<crate::batch::Flavor, sqlx::Error> {
-        self.inner
-            .flavor
-            .get_or_try_init(|| async {
-                let version: String = sqlx::query_scalar("SELECT VERSION()")
-                    .fetch_one(&self.inner.pool)
-                    .await?;
-                Ok(if version.to_ascii_lowercase().contains("mariadb") {
-                    crate::batch::Flavor::MariaDb
-                } else {
-                    crate::batch::Flavor::MySql
-                })
-            })
-            .await
-            .copied()
-    }
-
     /// `begin`: the upsert, which reserves an absent or expired key in one statement, then a
     /// read of the live row it met; or, after a run of replays (`Guesser`), the read first,
     /// so that a replay is one statement, then the upsert if the key had no live row.
-    async fn begin_once(&self, req: &BeginRequest<'_>) -> Result<Claim, StoreError> {
+    pub(crate) async fn begin_once(&self, req: &BeginRequest<'_>) -> Result<Claim, StoreError> {
         let owner = req.owner.as_u128().to_be_bytes();
         let fingerprint = req.fingerprint.map(|f| f.to_bytes());
         let lease_ms = u64::try_from(req.lease.as_millis()).unwrap_or(u64::MAX);
