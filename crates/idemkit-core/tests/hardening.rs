@@ -533,6 +533,7 @@ async fn a_rejected_duplicate_is_told_the_hint_not_the_whole_lease() {
             retry_after,
             lease_left,
             held_for,
+            ..
         } => {
             assert_eq!(held_for, Some(Duration::from_millis(100)));
             assert_eq!(retry_after, Duration::from_millis(200));
@@ -540,6 +541,54 @@ async fn a_rejected_duplicate_is_told_the_hint_not_the_whole_lease() {
         }
         other => panic!("{other:?}"),
     }
+    owner.await.unwrap().unwrap();
+}
+
+/// Issue 52: a duplicate refused while the original runs is told where the original is: its
+/// attempt (the fencing token the original's action sees and its record keeps) and the
+/// process running it (the original coordinator's holder), not the duplicate's own.
+#[tokio::test(start_paused = true)]
+async fn a_rejected_duplicate_points_to_the_original() {
+    let store = MemoryStore::new();
+    let original = Coordinator::builder(store.clone())
+        .holder_name("billing-worker")
+        .build();
+    let duplicate = Coordinator::builder(store)
+        .holder_name("other-worker")
+        .build();
+    let (started, seen) = tokio::sync::oneshot::channel();
+    let (finish, finished) = tokio::sync::oneshot::channel::<()>();
+    let owner = tokio::spawn(
+        original
+            .call_owned(op(), key("k"))
+            .run(move |a| async move {
+                let _ = started.send(a.fencing_token());
+                let _ = finished.await;
+                Ok::<_, std::convert::Infallible>("em_1".to_string())
+            }),
+    );
+    let fencing = seen
+        .await
+        .unwrap()
+        .expect("a protected run has a fencing token");
+    let dup = duplicate
+        .call(&op(), &key("k"))
+        .in_flight(InFlight::Reject)
+        .run(|_| async { Ok::<_, std::convert::Infallible>("em_2".to_string()) })
+        .await
+        .unwrap_err();
+    match dup {
+        Error::InFlight {
+            attempt, holder, ..
+        } => {
+            assert_eq!(attempt, Some(fencing));
+            let holder = holder.expect("the MemoryStore reports the holder");
+            assert_eq!(holder.name, "billing-worker");
+            assert_eq!(holder.pid, std::process::id());
+        }
+        other => panic!("{other:?}"),
+    }
+    finish.send(()).unwrap();
     owner.await.unwrap().unwrap();
 }
 

@@ -8,7 +8,8 @@
 use bytes::Bytes;
 use http::header::HeaderName;
 use http::{HeaderMap, Method, StatusCode};
-use idemkit_core::{Codec, Fingerprint};
+use idemkit_core::record::Holder;
+use idemkit_core::{Codec, FencingToken, Fingerprint};
 
 pub use crate::capture::{Capture, Step};
 use crate::problem::Problem;
@@ -230,6 +231,73 @@ pub fn problem_response(
         incident,
         docs,
     )
+}
+
+/// The `409 in-progress` answer to a duplicate refused while the original request runs
+/// (reject mode), as the Rust layer and the Python ASGI middleware both give it: the
+/// problem with `Retry-After: retry_after_secs` (at least 1), and beside the standard
+/// members a pointer to the original, so the caller can find it rather than only wait:
+///
+/// | member | what |
+/// |---|---|
+/// | `attempt` | the original attempt's id, a decimal string: its reservation's fencing token, the same for as long as it runs (`idemkit inspect` and the log's `fencing` show it) |
+/// | `lease_left_ms` | the time left on the original's lease: its response exists by then, or the key is free |
+/// | `holder` | `{"host", "pid", "name"}` of the process running it: only when the layer shows it ([`in_progress_holder`](crate::IdempotencyLayerBuilder::in_progress_holder)) and the store reports it |
+///
+/// Neither the IETF draft nor Stripe define a header for this, so the pointer is in the body
+/// only; `Retry-After` is the header both use.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use idemkit_core::FencingToken;
+/// use idemkit_core::record::Holder;
+/// use idemkit_http::binding::in_progress_response;
+///
+/// let holder = Holder::new("worker-3", 4242, "billing");
+/// let r = in_progress_response(None, 2, Some(FencingToken::new(17)), Duration::from_millis(1500), Some(&holder));
+/// assert_eq!(r.status(), 409);
+/// assert_eq!(r.headers()["retry-after"], "2");
+/// let body: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
+/// assert_eq!(body["attempt"], "17");
+/// assert_eq!(body["lease_left_ms"], 1500);
+/// assert_eq!(body["holder"]["host"], "worker-3");
+/// assert_eq!(body["holder"]["pid"], 4242);
+/// ```
+pub fn in_progress_response(
+    docs: Option<&str>,
+    retry_after_secs: u64,
+    attempt: Option<FencingToken>,
+    lease_left: std::time::Duration,
+    holder: Option<&Holder>,
+) -> http::Response<Bytes> {
+    let mut members = serde_json::Map::new();
+    if let Some(attempt) = attempt {
+        // A string: a fencing token can pass 2^53, past what a JSON number keeps exactly
+        // in JavaScript.
+        members.insert("attempt".into(), attempt.get().to_string().into());
+    }
+    let ms = u64::try_from(lease_left.as_millis()).unwrap_or(u64::MAX);
+    members.insert("lease_left_ms".into(), ms.into());
+    if let Some(h) = holder {
+        members.insert(
+            "holder".into(),
+            serde_json::json!({ "host": h.host, "pid": h.pid, "name": h.name }),
+        );
+    }
+    let mut r: http::Response<Bytes> = Problem::InProgress.render_with(
+        Problem::InProgress.status(),
+        "a request with this key is still being processed; retry later",
+        None,
+        docs,
+        members,
+    );
+    r.headers_mut().insert(
+        http::header::RETRY_AFTER,
+        http::HeaderValue::from(retry_after_secs.max(1)),
+    );
+    r
 }
 
 /// A problem by its name (`"key-reused"`), as [`Problem::name`] gives it.

@@ -145,6 +145,8 @@ struct Config<S> {
     ttl: Option<Duration>,
     on_store_error: Option<OnStoreError>,
     cancel_with_client: bool,
+    /// A `409 in-progress` names the original's holder.
+    in_progress_holder: bool,
 }
 
 /// The default rule for what is final (stored and replayed): a response that reports what
@@ -270,6 +272,7 @@ pub struct IdempotencyLayerBuilder<S> {
     ttl: Option<Duration>,
     on_store_error: Option<OnStoreError>,
     cancel_with_client: bool,
+    in_progress_holder: bool,
 }
 
 impl<S> fmt::Debug for IdempotencyLayerBuilder<S> {
@@ -435,9 +438,37 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
     }
 
     /// A concurrent retry waits for the first response (`Wait`, the coordinator's default)
-    /// or gets `409` with `Retry-After` (`Reject`).
+    /// or gets `409` with `Retry-After` (`Reject`), its body pointing to the original request
+    /// (its attempt's id and the time left on its lease:
+    /// [`binding::in_progress_response`]).
     pub fn in_flight(mut self, in_flight: InFlight) -> Self {
         self.in_flight = Some(in_flight);
+        self
+    }
+
+    /// Whether a `409 in-progress` names the process running the original request (its
+    /// host, process id and holder name, as its reservation records them:
+    /// `CoordinatorBuilder::holder_name`), where the store reports it (the MemoryStore and
+    /// Redis; not the SQL stores). Off by default: host names and process ids are internal
+    /// facts a public API should not hand its clients; turn it on for internal services,
+    /// whose callers can then find the original's logs.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use idemkit_core::{Coordinator, InFlight, MemoryStore, Operation};
+    /// use idemkit_http::IdempotencyLayer;
+    ///
+    /// let layer = IdempotencyLayer::builder(Coordinator::new(MemoryStore::new()), Operation::new("orders.create")?)
+    ///     .global_scope("internal")?
+    ///     .in_flight(InFlight::Reject)
+    ///     .in_progress_holder(true)
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn in_progress_holder(mut self, show: bool) -> Self {
+        self.in_progress_holder = show;
         self
     }
 
@@ -525,6 +556,7 @@ impl<S: Store> IdempotencyLayerBuilder<S> {
                 ttl: self.ttl,
                 on_store_error: self.on_store_error,
                 cancel_with_client: self.cancel_with_client,
+                in_progress_holder: self.in_progress_holder,
             }),
         })
     }
@@ -585,6 +617,7 @@ impl<S: Store> IdempotencyLayer<S> {
             ttl: None,
             on_store_error: None,
             cancel_with_client: false,
+            in_progress_holder: false,
         }
     }
 }

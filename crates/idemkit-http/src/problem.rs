@@ -29,7 +29,7 @@ pub const PROBLEM_DOCS: &str = concat!(
 /// | `unscoped-request` | 403 | the scope function could not scope the request |
 /// | `body-too-large` | 413 | the body is over `max_body_bytes` |
 /// | `unreadable-body` | 400 | the body could not be read |
-/// | `in-progress` | 409 | reject mode: the first request with this key still runs (`Retry-After`) |
+/// | `in-progress` | 409 | reject mode: the first request with this key still runs (`Retry-After`; the body points to the original: [`binding::in_progress_response`](crate::binding::in_progress_response)) |
 /// | `key-reused` | 422 | the key was used for a different request |
 /// | `store-unavailable` | 503 | the store is down (fail closed); `Retry-After: 1`, the cause logged at `warn` |
 /// | `result-unavailable` | the original status | a retry of a request whose response was too large to store (over the policy's `max_result_bytes`): executed, its response not kept |
@@ -185,6 +185,19 @@ impl Problem {
         incident: Option<&str>,
         docs: Option<&str>,
     ) -> Response<B> {
+        self.render_with(status, detail, incident, docs, serde_json::Map::new())
+    }
+
+    /// [`render_as`](Self::render_as) with extension members (RFC 9457 §3.2) beside the
+    /// standard ones: what an `in-progress` answer says of the original request.
+    pub(crate) fn render_with<B: From<Bytes>>(
+        self,
+        status: StatusCode,
+        detail: &str,
+        incident: Option<&str>,
+        docs: Option<&str>,
+        members: serde_json::Map<String, serde_json::Value>,
+    ) -> Response<B> {
         let kind = self.type_uri(docs);
         let mut body = serde_json::json!({
             "type": kind,
@@ -198,6 +211,9 @@ impl Problem {
         });
         if let Some(id) = incident {
             body["instance"] = format!("urn:idemkit:incident:{id}").into();
+        }
+        for (name, value) in members {
+            body[name] = value;
         }
         let mut resp = self.respond(body);
         *resp.status_mut() = status;

@@ -463,6 +463,9 @@ where
             retry_after,
             lease_left,
             held_for,
+            attempt,
+            holder,
+            ..
         }) => {
             // What is left of a typical run (the hint, or the route's recent median), else
             // the coordinator's answer (the time left on the lease); never past the lease.
@@ -473,13 +476,16 @@ where
             };
             // Whole seconds, rounded up: "Retry-After: 0" would invite an immediate retry.
             let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
-            let mut resp = config.problem(
-                Problem::InProgress,
-                "a request with this key is still being processed; retry later",
-            );
-            resp.headers_mut()
-                .insert(http::header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
-            resp
+            let holder = holder.filter(|_| config.in_progress_holder);
+            let (head, body) = crate::binding::in_progress_response(
+                config.problem_docs.as_deref(),
+                secs,
+                attempt,
+                lease_left,
+                holder.as_deref(),
+            )
+            .into_parts();
+            Response::from_parts(head, ResponseBody::from(body))
         }
         Err(Error::KeyReused) => config.problem(
             Problem::KeyReused,

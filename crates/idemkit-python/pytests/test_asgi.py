@@ -3,6 +3,7 @@ docs/http.md lists for the Rust layer, checked for the Python one (docs/python.m
 
 import asyncio
 import logging
+import os
 import contextlib
 import json
 import pathlib
@@ -153,6 +154,65 @@ async def test_in_reject_mode_one_succeeds_and_the_others_get_409_with_retry_aft
         if a.status_code == 409:
             problem(a, "in-progress")
             assert 1 <= int(a.headers["retry-after"]) <= 2
+
+
+@pytest.mark.parametrize("show", [False, True])
+async def test_a_409_points_to_the_original_request(show):
+    # Issue 52: the attempt the original runs under (its fencing token), the time left on its
+    # lease, and with in_progress_holder=True the process running it; as the Rust layer.
+    gate, started = asyncio.Event(), asyncio.Event()
+    seen: list[int | None] = []
+    app = FastAPI()
+
+    @app.post("/payments")
+    async def slow(request: Request) -> Response:
+        seen.append(request.scope["idemkit"].fencing_token)
+        started.set()
+        await gate.wait()
+        return JSONResponse({"ok": True}, status_code=201)
+
+    coordinator = idemkit.Coordinator(idemkit.MemoryStore(), holder_name="orders-api-1")
+    async with serve(protect(app, coordinator, in_flight="reject", in_progress_holder=show)) as client:
+        first = asyncio.ensure_future(post(client, '"p"', {"amount": 1}))
+        await asyncio.wait_for(started.wait(), 10)
+        dup = await post(client, '"p"', {"amount": 1})
+        assert dup.status_code == 409
+        problem(dup, "in-progress")
+        assert int(dup.headers["retry-after"]) >= 1
+        body = dup.json()
+        assert body["attempt"] == str(seen[0]), body
+        assert 0 < body["lease_left_ms"] <= 15_000, body
+        if show:
+            assert body["holder"]["name"] == "orders-api-1" and body["holder"]["pid"] == os.getpid(), body
+        else:
+            assert "holder" not in body, body
+        gate.set()
+        assert (await first).status_code == 201
+
+
+async def test_a_rejected_duplicate_is_told_the_original_attempt_and_holder():
+    # The Python API's InProgress carries the same pointer.
+    store = idemkit.MemoryStore()
+    original = idemkit.Coordinator(store, holder_name="billing-worker")
+    duplicate = idemkit.Coordinator(store, holder_name="other-worker")
+    gate, started = asyncio.Event(), asyncio.Event()
+    tokens: list[int | None] = []
+
+    async def send(attempt):
+        tokens.append(attempt.fencing_token)
+        started.set()
+        await gate.wait()
+        return "em_1"
+
+    running = asyncio.ensure_future(original.call("mail.invoice", "order-9.invoice").run(send))
+    await asyncio.wait_for(started.wait(), 10)
+    with pytest.raises(idemkit.InProgress) as refused:
+        await duplicate.call("mail.invoice", "order-9.invoice", in_flight="reject").run(lambda attempt: "em_2")
+    assert refused.value.attempt == tokens[0]
+    assert refused.value.holder == idemkit.Holder(socket.gethostname()[:64], os.getpid(), "billing-worker")
+    assert refused.value.lease_left > 0
+    gate.set()
+    assert await running == "em_1"
 
 
 async def test_a_missing_required_key_or_a_malformed_one_is_400_and_a_large_body_413():

@@ -149,7 +149,6 @@ fn http_decode_response<'py>(
 /// (`result-unavailable` answers with the original request's).
 #[pyfunction]
 #[pyo3(signature = (name, detail, status=None, incident=None, docs=None))]
-#[allow(clippy::type_complexity)]
 fn http_problem<'py>(
     py: Python<'py>,
     name: &str,
@@ -157,17 +156,52 @@ fn http_problem<'py>(
     status: Option<u16>,
     incident: Option<&str>,
     docs: Option<&str>,
-) -> PyResult<(u16, Vec<(Vec<u8>, Vec<u8>)>, Bound<'py, PyBytes>)> {
+) -> PyResult<Answer<'py>> {
     let problem = binding::problem_named(name)
         .ok_or_else(|| PyValueError::new_err(format!("no problem is named {name:?}")))?;
     let status = status.map(status_of).transpose()?;
     let r = binding::problem_response(problem, status, detail, incident, docs);
+    Ok(answer(py, &r))
+}
+
+/// An answer as ASGI sends it: `(status, headers, body)`.
+type Answer<'py> = (u16, Vec<(Vec<u8>, Vec<u8>)>, Bound<'py, PyBytes>);
+
+/// `r` as ASGI sends it.
+fn answer<'py>(py: Python<'py>, r: &idemkit_http::http::Response<bytes::Bytes>) -> Answer<'py> {
     let headers = r
         .headers()
         .iter()
         .map(|(n, v)| (n.as_str().as_bytes().to_vec(), v.as_bytes().to_vec()))
         .collect();
-    Ok((r.status().as_u16(), headers, PyBytes::new(py, r.body())))
+    (r.status().as_u16(), headers, PyBytes::new(py, r.body()))
+}
+
+/// The `409 in-progress` answer (`idemkit_http::binding::in_progress_response`): `(status,
+/// headers, body)`, the body pointing to the original (`attempt`, `lease_left_ms`, and
+/// `holder` when given as `(host, pid, name)`).
+#[pyfunction]
+#[pyo3(signature = (docs, retry_after_secs, attempt, lease_left, holder=None))]
+fn http_in_progress<'py>(
+    py: Python<'py>,
+    docs: Option<&str>,
+    retry_after_secs: u64,
+    attempt: Option<u64>,
+    lease_left: f64,
+    holder: Option<(String, u32, String)>,
+) -> PyResult<Answer<'py>> {
+    let holder =
+        holder.map(|(host, pid, name)| idemkit_core::record::Holder::new(&host, pid, &name));
+    let lease_left = std::time::Duration::try_from_secs_f64(lease_left.max(0.0))
+        .map_err(|e| PyValueError::new_err(format!("lease_left: {e}")))?;
+    let r = binding::in_progress_response(
+        docs,
+        retry_after_secs,
+        attempt.map(idemkit_core::FencingToken::new),
+        lease_left,
+        holder.as_ref(),
+    );
+    Ok(answer(py, &r))
 }
 
 /// Whether a header may be kept with a stored response: not one that belongs to one caller
@@ -253,6 +287,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(http_encode_omitted, m)?)?;
     m.add_function(wrap_pyfunction!(http_decode_response, m)?)?;
     m.add_function(wrap_pyfunction!(http_problem, m)?)?;
+    m.add_function(wrap_pyfunction!(http_in_progress, m)?)?;
     m.add_function(wrap_pyfunction!(http_is_per_caller, m)?)?;
     Ok(())
 }

@@ -126,6 +126,9 @@ fn error_to_py(py: Python<'_>, e: Error<ActionFailed>) -> PyErr {
             retry_after,
             lease_left,
             held_for,
+            attempt,
+            holder,
+            ..
         } => raise(
             py,
             "InProgress",
@@ -134,6 +137,8 @@ fn error_to_py(py: Python<'_>, e: Error<ActionFailed>) -> PyErr {
                 retry_after.as_secs_f64(),
                 lease_left.as_secs_f64(),
                 held_for.map(|d| d.as_secs_f64()),
+                attempt.map(|a| a.get()),
+                holder.map(|h| (h.host.clone(), h.pid, h.name.clone())),
             ),
         ),
         Error::KeyReused => raise(py, "KeyReused", (message,)),

@@ -45,11 +45,11 @@ pub(crate) fn claim_of(req: &BeginRequest<'_>, reply: Value) -> Result<Claim, St
         Value::Array(mut items) => {
             let pttl = int(items.get(1))?;
             let now_us = int(items.get(2))?;
+            // Decoded with its holder: a rejected duplicate is told who runs the original.
             let record = match items.first_mut() {
                 Some(Value::BulkString(b)) => {
                     clear_watched(b);
-                    Record::decode_without_holder(std::mem::take(b).into())
-                        .map_err(StoreError::corrupt)?
+                    Record::decode_shared(std::mem::take(b).into()).map_err(StoreError::corrupt)?
                 }
                 other => return Err(unexpected(other.as_deref())),
             };
@@ -67,6 +67,7 @@ pub(crate) fn claim_of(req: &BeginRequest<'_>, reply: Value) -> Result<Claim, St
                 retry_after: Duration::from_millis(pttl as u64),
                 fencing: record.fencing,
                 held_for: Some(Duration::from_micros(held_us)),
+                holder: record.holder,
             })
         }
         other => Err(unexpected(Some(&other))),

@@ -218,3 +218,59 @@ async fn a_restart_between_begin_and_complete_loses_the_reservation_not_the_resu
         ("em_3", Source::Replayed)
     );
 }
+
+/// Issue 52: a duplicate refused while the original runs, on Redis, is told the original's
+/// attempt and the process running it, as its reservation records them: with a lone `begin`
+/// (the script) and with the plain begins of a store without coalescing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_duplicate_points_to_the_original() {
+    use idemkit_core::{Error, InFlight};
+    let server = RedisProcess::start(&[]);
+    for coalesce in [true, false] {
+        let connect = || async {
+            RedisStore::builder()
+                .coalesce(coalesce)
+                .connect(&server.url())
+                .await
+                .unwrap()
+        };
+        let original = Coordinator::builder(connect().await)
+            .holder_name("billing-worker")
+            .build();
+        let duplicate = Coordinator::builder(connect().await)
+            .holder_name("other-worker")
+            .build();
+        let k = key(&format!("pointer-{coalesce}"));
+        let (started, seen) = tokio::sync::oneshot::channel();
+        let (finish, finished) = tokio::sync::oneshot::channel::<()>();
+        let owner = tokio::spawn(
+            original
+                .call_owned(op(), k.clone())
+                .run(move |a| async move {
+                    let _ = started.send(a.fencing_token());
+                    let _ = finished.await;
+                    Ok::<_, Infallible>("em_1".to_string())
+                }),
+        );
+        let fencing = seen.await.unwrap().expect("a protected run");
+        let dup = duplicate
+            .call(&op(), &k)
+            .in_flight(InFlight::Reject)
+            .run(|_| async { Ok::<_, Infallible>("em_2".to_string()) })
+            .await
+            .unwrap_err();
+        match dup {
+            Error::InFlight {
+                attempt, holder, ..
+            } => {
+                assert_eq!(attempt, Some(fencing), "coalesce {coalesce}");
+                let holder = holder.expect("Redis reports the holder");
+                assert_eq!(holder.name, "billing-worker", "coalesce {coalesce}");
+                assert_eq!(holder.pid, std::process::id());
+            }
+            other => panic!("coalesce {coalesce}: {other:?}"),
+        }
+        finish.send(()).unwrap();
+        owner.await.unwrap().unwrap();
+    }
+}

@@ -123,6 +123,7 @@ async fn after_a_run_of_replays_every_other_answer_is_the_scripts() {
             retry_after,
             fencing,
             held_for,
+            ..
         } => {
             assert!(retry_after <= LEASE && retry_after > Duration::ZERO);
             assert_eq!(fencing, ownership.fencing);

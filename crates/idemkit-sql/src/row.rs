@@ -191,10 +191,14 @@ impl Checked {
                 ownership: Ownership::new(owner, fencing),
                 took_over: false,
             },
+            // The begin statements do not read the holder column (documented on
+            // `Claim::InFlight`): a rejected duplicate gets the original's attempt, not its
+            // holder.
             Checked::Reserved { fencing, .. } => Claim::InFlight {
                 retry_after: left,
                 fencing,
                 held_for: Some(held),
+                holder: None,
             },
         }
     }

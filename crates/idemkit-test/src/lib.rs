@@ -217,7 +217,8 @@ macro_rules! __with_checks {
             begin_many_answers_each_key_as_begin_would,
             begin_by_its_own_owner_renews_the_lease,
             renew_after_its_own_completion_succeeds,
-            a_completion_keeps_the_reservation_it_completes
+            a_completion_keeps_the_reservation_it_completes,
+            an_in_flight_claim_points_to_the_original
         }
     };
 }

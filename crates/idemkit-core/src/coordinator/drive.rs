@@ -195,11 +195,15 @@ impl<S: Store, C, P, K, B> Call<'_, S, C, P, K, B> {
                     retry_after: lease_left,
                     fencing,
                     held_for,
+                    holder,
                 }) => {
+                    // The pointer to the original (issue 52): its attempt and its holder.
                     let in_flight = || Error::InFlight {
                         retry_after: policy.retry_after(lease_left, held_for),
                         lease_left,
                         held_for,
+                        attempt: Some(fencing),
+                        holder: holder.clone(),
                     };
                     match policy.in_flight {
                         InFlight::Reject => {

@@ -12,6 +12,7 @@ pub use kind::{Disposition, ErrorKind};
 pub use lease_lost::LeaseLost;
 
 use crate::ident::KeyError;
+use crate::record::{FencingToken, SharedHolder};
 use crate::store::{BoxError, StoreError, StoreErrorKind};
 
 /// Why a call did not return the action's value.
@@ -56,6 +57,16 @@ pub enum Error<E> {
         lease_left: Duration,
         /// How long the owner has held the key, if the store knows.
         held_for: Option<Duration>,
+        /// The original attempt: the owner's reservation's fencing token, which names it
+        /// for as long as it runs (renewals keep it; a takeover or a retry after a release
+        /// draws a new one) and is what its record, its log lines (`fencing`) and
+        /// `idemkit inspect` show. `None` only for an error not made by the coordinator
+        /// ([`Error::in_flight`]).
+        attempt: Option<FencingToken>,
+        /// The process running it, as its reservation records it, where the store reads it
+        /// with the claim ([`Claim::InFlight`](crate::Claim::InFlight)'s `holder`: the
+        /// MemoryStore and Redis do, the SQL stores do not).
+        holder: Option<SharedHolder>,
     },
     /// The key was first used with a different request fingerprint; nothing ran, and nobody
     /// else's result was returned.
@@ -104,6 +115,8 @@ impl<E> Error<E> {
             retry_after: lease_left,
             lease_left,
             held_for: None,
+            attempt: None,
+            holder: None,
         }
     }
 
@@ -256,10 +269,14 @@ impl<E> Error<E> {
                 retry_after,
                 lease_left,
                 held_for,
+                attempt,
+                holder,
             } => Error::InFlight {
                 retry_after,
                 lease_left,
                 held_for,
+                attempt,
+                holder,
             },
             Error::KeyReused => Error::KeyReused,
             Error::Action(e) => Error::Action(f(e)),

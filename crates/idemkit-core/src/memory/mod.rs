@@ -300,6 +300,7 @@ impl Store for MemoryStore {
                         retry_after: slot.expires - now,
                         fencing: slot.fencing,
                         held_for: Some(now - slot.created),
+                        holder: slot.holder.as_ref().map(|(h, _)| h.clone()),
                     },
                     State::Completed(o) => Claim::Replay(Replay::new(slot.fencing, o.clone())),
                 })

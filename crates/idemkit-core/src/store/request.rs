@@ -309,6 +309,13 @@ pub enum Claim {
         fencing: FencingToken,
         /// How long that owner has held the key, by the store's clock, if the store knows.
         held_for: Option<Duration>,
+        /// The process holding it, as its reservation records it ([`Record::holder`]), where
+        /// the store reads it with the claim: the [`MemoryStore`](crate::MemoryStore) and
+        /// Redis do; PostgreSQL and MySQL answer `None` (their `begin` does not read the
+        /// holder column; `idemkit inspect` shows it).
+        ///
+        /// [`Record::holder`]: crate::Record::holder
+        holder: Option<SharedHolder>,
     },
     /// The key is in use (reserved or completed) with a different fingerprint.
     Mismatch,

@@ -24,6 +24,7 @@ from ._coordinator import (
 from ._errors import (
     ConfigError,
     DecodeError,
+    Holder,
     IdemkitError,
     InProgress,
     InvalidKey,
@@ -82,6 +83,7 @@ __all__ = [
     "ConfigError",
     "Coordinator",
     "DecodeError",
+    "Holder",
     "IdemkitError",
     "IdempotencyDomainService",
     "IdempotencyError",

@@ -6,7 +6,7 @@ Each also carries the name idempotency-kit gives the same condition (``Idempoten
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class IdemkitError(Exception):
@@ -34,8 +34,13 @@ class InProgress(IdemkitError):
     """Another caller holds the key (``in_flight="reject"``, or a wait that timed out); nothing ran.
 
     ``retry_after`` is when to come back, in seconds: a queue worker requeues with it, an HTTP
-    handler answers 409 with ``Retry-After``. Built as ``InProgress(message, retry_after=...)``,
-    or as idempotency-kit builds its ``IdempotencyInProgressError``: ``(operation, key)``.
+    handler answers 409 with ``Retry-After``. The error points to the original: ``attempt`` is
+    its id (its reservation's fencing token, the same for as long as it runs: what
+    ``idemkit inspect`` and the log's ``fencing`` show), ``holder`` the process running it
+    (a ``Holder``: host, pid, name) where the store reports it (the in-memory store and Redis;
+    not PostgreSQL or MySQL), ``lease_left`` the seconds left on its lease. Built as
+    ``InProgress(message, retry_after=...)``, or as idempotency-kit builds its
+    ``IdempotencyInProgressError``: ``(operation, key)``.
     """
 
     def __init__(
@@ -44,6 +49,8 @@ class InProgress(IdemkitError):
         retry_after: float | str = 0.0,
         lease_left: float = 0.0,
         held_for: float | None = None,
+        attempt: int | None = None,
+        holder: tuple[str, int, str] | None = None,
     ) -> None:
         if isinstance(retry_after, str):
             # idempotency-kit's form: (operation, key).
@@ -54,6 +61,16 @@ class InProgress(IdemkitError):
         self.retry_after = retry_after
         self.lease_left = lease_left
         self.held_for = held_for
+        self.attempt = attempt
+        self.holder = Holder(*holder) if holder is not None else None
+
+
+class Holder(NamedTuple):
+    """The process that holds a reservation, as the reservation records it."""
+
+    host: str
+    pid: int
+    name: str
 
 
 class KeyReused(IdemkitError):

@@ -113,6 +113,13 @@ def http_problem(
     incident: str | None = None,
     docs: str | None = None,
 ) -> tuple[int, _Headers, bytes]: ...
+def http_in_progress(
+    docs: str | None,
+    retry_after_secs: int,
+    attempt: int | None,
+    lease_left: float,
+    holder: tuple[str, int, str] | None = None,
+) -> tuple[int, _Headers, bytes]: ...
 def http_is_per_caller(name: str) -> bool: ...
 
 class HttpCapture:

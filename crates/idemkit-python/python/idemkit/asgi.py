@@ -87,7 +87,10 @@ class IdempotencyMiddleware:
     the caller's tenant, or ``None`` to refuse the request with ``403``) or a named
     ``global_scope``. ``methods`` (POST and PATCH) are protected; a request without the header
     passes through (``400`` with ``required=True``). A concurrent retry waits for the first
-    response (``in_flight="wait"``) or gets ``409`` with ``Retry-After`` (``"reject"``). A key
+    response (``in_flight="wait"``) or gets ``409`` with ``Retry-After`` (``"reject"``), its body
+    pointing to the original: ``attempt`` (its id), ``lease_left_ms``, and with
+    ``in_progress_holder=True`` its ``holder`` (host, pid, name: off by default, internal facts a
+    public API should not hand out), as the Rust layer answers. A key
     reused for another request is ``422``; the store down ``503`` with ``Retry-After: 1``, its
     cause logged at ``warning`` on ``idemkit.asgi`` (a coordinator made with
     ``fail_open=True`` runs the handler unprotected instead); a body over ``max_body_bytes``
@@ -119,6 +122,7 @@ class IdempotencyMiddleware:
         retry_hint: float | None = None,
         problem_docs: str | None = PROBLEM_DOCS,
         cancel_with_client: bool = False,
+        in_progress_holder: bool = False,
     ) -> None:
         if (scope_by is None) == (global_scope is None):
             raise ValueError(
@@ -160,6 +164,7 @@ class IdempotencyMiddleware:
         self.retry_hint = retry_hint
         self.problem_docs = problem_docs
         self.cancel_with_client = cancel_with_client
+        self.in_progress_holder = in_progress_holder
         self._recent: deque[float] = deque(maxlen=_RECENT)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -420,11 +425,16 @@ class _Run:
         except _ClientGone:
             return
         except InProgress as e:
-            await self._answer_problem(
-                "in-progress",
-                "a request with this key is still being processed; retry later",
-                extra=[(b"retry-after", str(mw._retry_after(e)).encode())],
+            # The Rust layer's answer: Retry-After, and the body pointing to the original.
+            holder = None
+            if e.holder is not None and mw.in_progress_holder:
+                holder = (e.holder.host, e.holder.pid, e.holder.name)
+            code, headers, body = _native.http_in_progress(
+                mw.problem_docs, mw._retry_after(e), e.attempt, e.lease_left, holder
             )
+            headers.append((b"content-length", str(len(body)).encode()))
+            await self._send({"type": "http.response.start", "status": code, "headers": headers})
+            await self._send({"type": "http.response.body", "body": body, "more_body": False})
             return
         except KeyReused:
             await self._answer_problem("key-reused", "this Idempotency-Key was used for a different request")

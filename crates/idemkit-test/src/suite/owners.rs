@@ -305,3 +305,38 @@ pub async fn a_completion_keeps_the_reservation_it_completes<H: Harness>(h: &H) 
     })
     .await;
 }
+
+/// A claim that finds another owner's live reservation points to it (issue 52): its fencing
+/// token (the original attempt's id), and its holder if the store reports one, which must
+/// then be the holder that reservation was made with, never another's; `begin_many` the
+/// same. A store may report no holder (the SQL stores' `begin` does not read it).
+pub async fn an_in_flight_claim_points_to_the_original<H: Harness>(h: &H) {
+    use idemkit_core::record::Holder;
+    use std::sync::Arc;
+    let store = h.store().await;
+    let holder = Arc::new(Holder::new("host-a", 7, "original"));
+    let other = Arc::new(Holder::new("host-b", 8, "duplicate"));
+    let key = unique_key("pointer");
+    let original = reserve_with(&store, &req(&key).with_holder(Some(&holder))).await;
+    let check = |claim: Claim, what: &str| match claim {
+        Claim::InFlight {
+            fencing, holder: h, ..
+        } => {
+            assert_eq!(fencing, original.fencing, "{what}: the original's attempt");
+            if let Some(h) = h {
+                assert_eq!(*h, *holder, "{what}: another holder than the original's");
+            }
+        }
+        other => panic!("{what}: expected in flight, got {other:?}"),
+    };
+    let dup = req(&key).with_holder(Some(&other));
+    check(store.begin(&dup).await.expect("begin"), "begin");
+    // In a batch of two (a lone request may go as a plain `begin`).
+    let fresh = unique_key("pointer-fresh");
+    let reqs = [
+        req(&key).with_holder(Some(&other)),
+        req(&fresh).with_holder(Some(&other)),
+    ];
+    let claim = store.begin_many(&reqs).await.swap_remove(0);
+    check(claim.expect("begin_many"), "begin_many");
+}
