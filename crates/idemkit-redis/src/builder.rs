@@ -56,6 +56,8 @@ pub struct RedisStoreBuilder {
     response_timeout: Duration,
     connection_timeout: Duration,
     replicas: Option<(usize, Duration)>,
+    /// `WAITAOF` for the guard: `Some(local)` (see `wait_for_aof`).
+    aof: Option<bool>,
     eviction: EvictionCheck,
     coalesce: bool,
     plain_begins: bool,
@@ -74,6 +76,7 @@ impl Default for RedisStoreBuilder {
             response_timeout: Duration::from_secs(1),
             connection_timeout: Duration::from_secs(1),
             replicas: None,
+            aof: None,
             eviction: EvictionCheck::Warn,
             coalesce: true,
             plain_begins: true,
@@ -153,6 +156,46 @@ impl RedisStoreBuilder {
     /// ```
     pub fn wait_for_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
         self.replicas = (replicas > 0).then_some((replicas, timeout));
+        self.aof = None;
+        self
+    }
+
+    /// The durability guard for keys that move money (issue 52): as
+    /// [`wait_for_replicas`](Self::wait_for_replicas), but each reservation, renewal,
+    /// completion and replay waits until the write is **on disk**: in the primary's own
+    /// append-only file when `local`, and in the append-only files of `replicas` replicas
+    /// (`WAITAOF local replicas timeout`), so the action starts, and its result is called
+    /// stored, only once the record survives a crash of the primary (`local`) and a failover
+    /// (`replicas`, under the same deployment rule as `wait_for_replicas`: every replica, or
+    /// failovers by replication offset). Replaces `wait_for_replicas`' `WAIT` (the last of
+    /// the two called applies); `local` false and `replicas` 0 turns the guard off.
+    ///
+    /// Needs `WAITAOF` (Redis 7.2 and later, Valkey 7.2 and later) and, for `local`, the
+    /// append-only file on (`appendonly yes`; replicas counted need theirs on too). The
+    /// store asks the server at connect, by sending the command itself (not by reading its
+    /// version): a server without it, or with `local` and no append-only file, fails
+    /// [`connect`](Self::connect) with `StoreErrorKind::Rejected`. A write not on disk in
+    /// time is answered as `wait_for_replicas` answers one not replicated: `begin` fails as
+    /// unavailable (its reservation released), a completion is retried while the lease
+    /// lasts. Costs what the guard costs (a connection of its own per guarded write, no
+    /// coalescing) plus the disk: with `appendfsync everysec`, up to a second a write.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), idemkit_core::StoreError> {
+    /// use std::time::Duration;
+    /// // On the primary's disk and on one replica's before the charge runs.
+    /// let store = idemkit_redis::RedisStore::builder()
+    ///     .wait_for_aof(true, 1, Duration::from_secs(2))
+    ///     .connect("redis://127.0.0.1:6379")
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn wait_for_aof(mut self, local: bool, replicas: usize, timeout: Duration) -> Self {
+        let on = local || replicas > 0;
+        self.replicas = on.then_some((replicas, timeout));
+        self.aof = on.then_some(local);
         self
     }
 
@@ -652,7 +695,10 @@ impl RedisStoreBuilder {
         let limit = self.call_limit();
         let durable = self
             .replicas
-            .map(|(n, timeout)| Durable::new(n, timeout, self.response_timeout, opener));
+            .map(|(n, timeout)| Durable::new(n, timeout, self.aof, self.response_timeout, opener));
+        if let Some(d) = &durable {
+            d.probe().await?;
+        }
         let (durable_off, cluster) = (durable.is_none(), matches!(conn, Conn::Cluster(_)));
         let coalesce = self.coalesce && durable_off && !cluster;
         let store = RedisStore::new(

@@ -29,6 +29,10 @@ pub(crate) enum Opener {
 pub(crate) struct Durable {
     pub(crate) replicas: usize,
     pub(crate) timeout: Duration,
+    /// `WAITAOF` instead of `WAIT` (issue 52): `Some(local)`, the write also in the primary's
+    /// own append-only file when `local`, and `replicas` means replicas that have it in
+    /// theirs, not only in memory.
+    pub(crate) aof: Option<bool>,
     response_timeout: Duration,
     opener: Opener,
     idle: Mutex<Vec<Conn>>,
@@ -40,12 +44,14 @@ impl Durable {
     pub(crate) fn new(
         replicas: usize,
         timeout: Duration,
+        aof: Option<bool>,
         response_timeout: Duration,
         opener: Opener,
     ) -> Self {
         Durable {
             replicas,
             timeout,
+            aof,
             response_timeout,
             opener,
             idle: Mutex::default(),
@@ -110,16 +116,38 @@ impl Durable {
         }
     }
 
-    /// `WAIT replicas timeout` on `conn`, which just wrote `redis_key` (`WAIT` counts the
-    /// writes of its own connection); on a Cluster, sent to the key's primary only.
+    /// `WAIT replicas timeout` (or `WAITAOF local replicas timeout`) on `conn`, which just
+    /// wrote `redis_key` (both count the writes of their own connection); on a Cluster, sent
+    /// to the key's primary only.
     pub(crate) async fn replicated(
         &self,
         conn: &mut Conn,
         redis_key: &str,
     ) -> Result<(), StoreError> {
-        let mut cmd = redis::cmd("WAIT");
-        cmd.arg(self.replicas).arg(ms(self.timeout));
-        let reply = match conn {
+        let cmd = self.command();
+        let reply = self.send(conn, redis_key, cmd).await?;
+        self.acknowledged(reply)
+    }
+
+    /// The guard's command.
+    fn command(&self) -> Cmd {
+        let timeout = self.timeout;
+        match self.aof {
+            None => {
+                let mut cmd = redis::cmd("WAIT");
+                cmd.arg(self.replicas).arg(ms(timeout));
+                cmd
+            }
+            Some(local) => {
+                let mut cmd = redis::cmd("WAITAOF");
+                cmd.arg(u8::from(local)).arg(self.replicas).arg(ms(timeout));
+                cmd
+            }
+        }
+    }
+
+    async fn send(&self, conn: &mut Conn, redis_key: &str, cmd: Cmd) -> Result<Value, StoreError> {
+        match conn {
             Conn::Cluster(c) => {
                 let route = Route::new(slot(redis_key), SlotAddr::Master);
                 c.route_command(
@@ -130,19 +158,79 @@ impl Durable {
             }
             other => cmd.query_async::<Value>(other).await,
         }
-        .map_err(map_err)?;
-        let acked = match reply {
-            Value::Int(n) => n,
-            other => return Err(crate::errors::unexpected(Some(&other))),
+        .map_err(map_err)
+    }
+
+    /// Whether the guard's reply says the write is where the guard asks it to be.
+    fn acknowledged(&self, reply: Value) -> Result<(), StoreError> {
+        let int = |v: Option<&Value>| match v {
+            Some(Value::Int(n)) => Ok(*n),
+            other => Err(crate::errors::unexpected(other)),
         };
-        if acked >= self.replicas as i64 {
-            Ok(())
-        } else {
-            Err(StoreError::unavailable(format!(
-                "write acknowledged by {acked} of {} replicas within {} ms",
-                self.replicas,
-                ms(self.timeout)
-            )))
+        match self.aof {
+            None => {
+                let acked = int(Some(&reply))?;
+                if acked >= self.replicas as i64 {
+                    return Ok(());
+                }
+                Err(StoreError::unavailable(format!(
+                    "write acknowledged by {acked} of {} replicas within {} ms",
+                    self.replicas,
+                    ms(self.timeout)
+                )))
+            }
+            Some(local) => {
+                // `[local fsyncs, replicas that fsynced]`.
+                let Value::Array(counts) = &reply else {
+                    return Err(crate::errors::unexpected(Some(&reply)));
+                };
+                let (on_disk, replicas) = (int(counts.first())?, int(counts.get(1))?);
+                if on_disk >= i64::from(local) && replicas >= self.replicas as i64 {
+                    return Ok(());
+                }
+                Err(StoreError::unavailable(format!(
+                    "write in the append-only file locally: {}, on {replicas} of {} replicas, within {} ms",
+                    if on_disk > 0 { "yes" } else { "no" },
+                    self.replicas,
+                    ms(self.timeout)
+                )))
+            }
+        }
+    }
+
+    /// At connect, for `WAITAOF`: whether the server has it and can do what it is asked
+    /// (the capability itself, not the version string: a server without the command, or
+    /// without an append-only file when `local`, refuses it at once). A fresh connection has
+    /// written nothing, so the probe returns at once on a server that can.
+    pub(crate) async fn probe(&self) -> Result<(), StoreError> {
+        let Some(local) = self.aof else {
+            return Ok(());
+        };
+        let mut conn = self.checkout().await?;
+        let mut cmd = redis::cmd("WAITAOF");
+        cmd.arg(u8::from(local)).arg(0).arg(1);
+        match cmd.query_async::<Value>(&mut conn).await {
+            Ok(_) => {
+                self.checkin(conn);
+                Ok(())
+            }
+            Err(e)
+                if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError)
+                    || e.code().is_some() =>
+            {
+                Err(StoreError::new(
+                    idemkit_core::StoreErrorKind::Rejected,
+                    format!(
+                        "the durability guard needs WAITAOF{} (Redis 7.2 and later, Valkey): the server refused it: {e}",
+                        if local {
+                            " with the append-only file on (appendonly yes)"
+                        } else {
+                            ""
+                        }
+                    ),
+                ))
+            }
+            Err(e) => Err(map_err(e)),
         }
     }
 }

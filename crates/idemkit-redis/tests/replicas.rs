@@ -12,27 +12,13 @@ use idemkit_core::{
     Source, StorageKey, Store,
 };
 use idemkit_redis::RedisStore;
-use support::{RedisProcess, cli};
-
-fn replication_up(port: u16) -> bool {
-    let out = Command::new("redis-cli")
-        .args(["-p", &port.to_string(), "info", "replication"])
-        .output();
-    out.map(|o| String::from_utf8_lossy(&o.stdout).contains("master_link_status:up"))
-        .unwrap_or(false)
-}
+use support::{RedisProcess, cli, replication_up};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_guard_an_unreplicated_reservation_runs_nothing() {
     let primary = RedisProcess::start(&[]);
     let mut replica = RedisProcess::start(&["--replicaof", "127.0.0.1", &primary.port.to_string()]);
-    for _ in 0..400 {
-        if replication_up(replica.port) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert!(replication_up(replica.port), "the replica did not sync");
+    support::replica_synced(replica.port).await;
 
     let guarded = RedisStore::builder()
         .wait_for_replicas(1, Duration::from_millis(200))
@@ -178,13 +164,7 @@ fn signal(pid: &str, sig: &str) {
 async fn with_the_guard_a_replay_is_stored_only_once_replicated() {
     let primary = RedisProcess::start(&[]);
     let replica = RedisProcess::start(&["--replicaof", "127.0.0.1", &primary.port.to_string()]);
-    for _ in 0..400 {
-        if replication_up(replica.port) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert!(replication_up(replica.port), "the replica did not sync");
+    support::replica_synced(replica.port).await;
     let op = Operation::new("mail.invoice").unwrap();
     let key = Key::new("order-9.invoice").unwrap();
     let guarded = Coordinator::new(

@@ -9,16 +9,7 @@ use std::time::Duration;
 
 use idemkit_core::{Coordinator, Key, Operation, RecordState, Source, StorageKey, Store};
 use idemkit_redis::RedisStore;
-use support::{RedisProcess, cli, client_commands};
-
-/// Valkey's server binary, or `None` (a skip, or a failure under `CI`).
-fn valkey() -> Option<String> {
-    let bin = std::env::var("IDEMKIT_VALKEY_SERVER").ok();
-    let found = bin
-        .as_deref()
-        .is_some_and(|b| std::path::Path::new(b).exists());
-    idemkit_test::require_service("valkey-server (IDEMKIT_VALKEY_SERVER)", found).then_some(bin)?
-}
+use support::{RedisProcess, cli, client_commands, valkey};
 
 /// Calls of `command` the server answered with an error (`INFO commandstats`).
 fn failed_calls(port: u16, command: &str) -> u64 {

@@ -137,3 +137,30 @@ pub async fn subscribed(port: u16, prefix: &str) {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
 }
+
+/// Valkey's server binary (`IDEMKIT_VALKEY_SERVER`, which `scripts/test` sets from
+/// `scripts/valkey`), or `None` (a skip, or a failure under `CI`).
+pub fn valkey() -> Option<String> {
+    let bin = std::env::var("IDEMKIT_VALKEY_SERVER").ok();
+    let found = bin
+        .as_deref()
+        .is_some_and(|b| std::path::Path::new(b).exists());
+    idemkit_test::require_service("valkey-server (IDEMKIT_VALKEY_SERVER)", found).then_some(bin)?
+}
+
+/// Whether the replica on `port` has its link to its primary up.
+pub fn replication_up(port: u16) -> bool {
+    cli(port, &["info", "replication"]).contains("master_link_status:up")
+}
+
+/// Waits (polling the replica's own report, at most 10 s) until the replica on `port` has
+/// synced with its primary.
+pub async fn replica_synced(port: u16) {
+    for _ in 0..400 {
+        if replication_up(port) {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    panic!("the replica on {port} did not sync");
+}
