@@ -38,6 +38,9 @@ use crate::ident::{Key, Operation, Scope, StorageKey};
 /// The domain separator: no other SHA-256 input of idemkit starts with it.
 const DOMAIN: &[u8] = b"idemkit downstream key v1\0";
 
+/// The domain separator of a child key ([`DownstreamKey::child`]).
+const CHILD_DOMAIN: &[u8] = b"idemkit downstream child key v1\0";
+
 /// A stable idempotency key for a receiver, derived from an effect's identity (see the
 /// [module docs](crate::downstream) for the format).
 ///
@@ -105,6 +108,43 @@ impl DownstreamKey {
                 hmac_sha256(&secret.0, &[DOMAIN, key.as_str().as_bytes()]),
             ),
         };
+        let mut out = String::with_capacity(prefix.len() + 52);
+        out.push_str(prefix);
+        base32(&digest, &mut out);
+        DownstreamKey(out)
+    }
+
+    /// The key of one of several messages or calls one effect makes (issue 52): the `part`th
+    /// message it publishes, the line of an order it charges. The same parent and part give
+    /// the same key on every attempt, different parts different keys; the format is the
+    /// parent's (`idk1_` or `idk1s_` and 52 base32 characters: SHA-256 over a domain of its
+    /// own, the parent's text, a zero byte and `part`), so a receiver that takes the parent
+    /// takes a child too, and a child reveals nothing of its parent's effect that the parent
+    /// does not. An effect that sends one message uses the key itself.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use idemkit_core::{DownstreamKey, Key, Operation};
+    /// let k = DownstreamKey::of(&Operation::new("orders.ship")?, None, &Key::new("order-9")?);
+    /// let (a, b) = (k.child("shipped"), k.child("invoice-requested"));
+    /// assert_eq!(a, k.child("shipped"));
+    /// assert_ne!(a, b);
+    /// assert!(a.as_str().starts_with("idk1_") && a.as_str().len() == k.as_str().len());
+    /// # Ok::<(), idemkit_core::KeyError>(())
+    /// ```
+    pub fn child(&self, part: &str) -> DownstreamKey {
+        let prefix = if self.0.starts_with("idk1s_") {
+            "idk1s_"
+        } else {
+            "idk1_"
+        };
+        let mut h = Sha256::new();
+        h.update(CHILD_DOMAIN);
+        h.update(self.0.as_bytes());
+        h.update([0]);
+        h.update(part.as_bytes());
+        let digest: [u8; 32] = h.finalize().into();
         let mut out = String::with_capacity(prefix.len() + 52);
         out.push_str(prefix);
         base32(&digest, &mut out);

@@ -300,3 +300,52 @@ async fn a_secret_keys_it_the_same_on_every_coordinator_and_store() {
         DownstreamKey::keyed(&other, &op, None, &key).as_str()
     );
 }
+
+/// docs/downstream-key.md's child vectors, in idemkit and in Python from the docs alone.
+#[test]
+fn child_keys_follow_the_documented_format() {
+    let parent = derive("mail.invoice", "", "order-9.invoice", "");
+    let want = [
+        (
+            "shipped",
+            "idk1_rxe3dvx36a3eoxbbk2vjlrnyy6pkniqicawpmvev4wxpj7az5ctq",
+        ),
+        (
+            "message-1",
+            "idk1_x77bclhvamnxum3xisyflisqqxcppsdpfpoeue34vzhm65nchucq",
+        ),
+    ];
+    let docs = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/downstream-key.md"),
+    )
+    .unwrap();
+    for (part, key) in want {
+        assert_eq!(parent.child(part).as_str(), key, "{part}");
+        assert!(docs.contains(key), "{key} is not the documented vector");
+        let python = Command::new("python3")
+            .args([
+                "-c",
+                "import base64, hashlib, sys\n\
+                 d = hashlib.sha256(b'idemkit downstream child key v1\\0' + sys.argv[1].encode() + b'\\0' + sys.argv[2].encode()).digest()\n\
+                 print('idk1_' + base64.b32encode(d).decode().rstrip('=').lower())",
+                parent.as_str(),
+                part,
+            ])
+            .output()
+            .expect("python3");
+        assert_eq!(
+            String::from_utf8_lossy(&python.stdout).trim(),
+            key,
+            "{part}"
+        );
+    }
+    // Under a secret, a child keeps the keyed prefix.
+    let keyed = derive(
+        "mail.invoice",
+        "",
+        "order-9.invoice",
+        "correct horse battery staple",
+    );
+    assert!(keyed.child("shipped").as_str().starts_with("idk1s_"));
+    assert_ne!(keyed.child("shipped"), parent.child("shipped"));
+}

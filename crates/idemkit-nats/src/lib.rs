@@ -40,6 +40,11 @@
 //!   (`Store::begin_many`), as the Kafka runner claims a partition's batch; then each is
 //!   handled at once, in a task of its own, under the same lease rules as a single call. A
 //!   message that comes alone is handled as before (no added latency).
+//! - **Publish once, key by the id** (issue 52). An action that publishes for the next
+//!   service uses [`publish_once`] with its effect's downstream key as `Nats-Msg-Id`: a
+//!   republish after a crash is dropped by the stream within its duplicate window
+//!   ([`duplicate_window_covers`]). A consumer of such messages keys its effect on the id:
+//!   `.key(`[`msg_id_key`]`)`, so a chain of idemkit consumers needs no glue.
 //! - **Shutdown.** [`JetStreamRunner::run`] stops pulling when its `shutdown` future
 //!   completes and lets the running handlers finish and settle. Messages pulled but not yet
 //!   started are not acked: the broker redelivers them after `ack_wait`.
@@ -75,6 +80,7 @@
 //! ```
 
 mod claim;
+mod publish;
 
 use std::fmt;
 use std::future::Future;
@@ -90,6 +96,9 @@ use futures_util::{FutureExt as _, StreamExt as _};
 use idemkit_core::{Key, KeyError, Store};
 pub use idemkit_runner::{Handle, Processed, Processor, RetryPolicy, Settlement};
 use idemkit_runner::{Settler, Transport};
+pub use publish::{
+    MSG_ID, PublishError, Published, duplicate_window_covers, msg_id_key, publish_once,
+};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 

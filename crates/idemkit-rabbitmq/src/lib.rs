@@ -47,6 +47,10 @@
 //!   broker requeued when the connection went, replay. Nothing is acknowledged that was not
 //!   settled: an acknowledgement is sent only with a final settlement, on the channel the
 //!   message came on.
+//! - **Publish once, key by the id** (issue 52). An action that publishes for the next
+//!   service uses [`publish_once`] with its effect's downstream key as the `message_id`
+//!   (mandatory, confirmed). RabbitMQ keeps a republish's copy too; the next consumer, keyed
+//!   by `.key(`[`message_id_key`]`)`, runs its effect once and replays to the copy.
 //! - **Shutdown.** [`RabbitRunner::run`] stops consuming when its `shutdown` future
 //!   completes (the consumer is cancelled), lets the running handlers finish and settle,
 //!   then closes its channel and connection: messages received but not started go back to
@@ -84,6 +88,7 @@
 mod claim;
 mod dead_letter;
 mod message;
+mod publish;
 
 use std::fmt;
 use std::future::Future;
@@ -108,6 +113,7 @@ use tokio::task::JoinSet;
 
 use crate::dead_letter::{DeadLetter, Publisher};
 pub use crate::message::Message;
+pub use crate::publish::{PublishError, message_id_key, publish_once};
 pub use idemkit_runner::{Handle, Processed, Processor, RetryPolicy, Settlement};
 
 /// Why a runner could not start: the first connection, its channel, its prefetch or its
