@@ -1,6 +1,7 @@
 //! `idemkit-demo`: the seed's experiments, reproduced, and their tables printed: the queue
 //! with and without idemkit (one mail against two), wait against raise, the "two, two, one"
-//! of crashes mid-action, and the consumer's ledger row and email (experiment 4).
+//! of crashes mid-action, the consumer's ledger row and email (experiment 4), and one effect
+//! key across three hops (experiment 5).
 //!
 //! Run with: `cargo run --release --bin idemkit-demo` (add `-- --store redis://...`,
 //! `-- --store postgres://...` or `-- --store mysql://...` to run it on a server).
@@ -50,7 +51,8 @@ fn main() -> ExitCode {
             let report = idemkit_demo::demo::run(MemoryStore::new).await;
             let db = idemkit_demo::consumer::MemoryDb::default();
             let consumer = idemkit_demo::consumer::run(&db, MemoryStore::new).await;
-            print!("{report}\n{consumer}");
+            let chain = idemkit_demo::chain::run(MemoryStore::new).await;
+            print!("{report}\n{consumer}\n{chain}");
             ExitCode::SUCCESS
         }),
         url if url.starts_with("redis://") || url.starts_with("rediss://") => {
@@ -89,7 +91,8 @@ async fn demo_on_redis(url: &str) -> ExitCode {
     let report = idemkit_demo::demo::run(&next).await;
     let db = idemkit_demo::consumer::MemoryDb::default();
     let consumer = idemkit_demo::consumer::run(&db, &next).await;
-    print!("{report}\n{consumer}");
+    let chain = idemkit_demo::chain::run(&next).await;
+    print!("{report}\n{consumer}\n{chain}");
     ExitCode::SUCCESS
 }
 
@@ -112,9 +115,10 @@ async fn demo_on_postgres(url: &str) -> ExitCode {
     };
     let schema = format!("idemkit_demo_{:016x}", std::process::id() as u64 ^ nanos());
     let result: Result<_, Box<dyn std::error::Error>> = async {
-        // The demo's rows (7) and experiment 4's handlers (5), each on its own table.
+        // The demo's rows (7), experiment 4's handlers (5) and experiment 5's rows (3, three
+        // stores each), each on its own table.
         let mut stores = Vec::new();
-        for n in 0..12 {
+        for n in 0..21 {
             let store = PgStore::builder()
                 .schema(&schema)
                 .table(&format!("records_{n}"))
@@ -127,15 +131,16 @@ async fn demo_on_postgres(url: &str) -> ExitCode {
         let next = || stores[row.fetch_add(1, Ordering::Relaxed) % stores.len()].clone();
         let report = idemkit_demo::demo::run(&next).await;
         let consumer = idemkit_demo::consumer::run(&db, &next).await;
-        Ok((report, consumer))
+        let chain = idemkit_demo::chain::run(&next).await;
+        Ok((report, consumer, chain))
     }
     .await;
     let _ = sqlx::query(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
         .execute(&pool)
         .await;
     match result {
-        Ok((report, consumer)) => {
-            print!("{report}\n{consumer}");
+        Ok((report, consumer, chain)) => {
+            print!("{report}\n{consumer}\n{chain}");
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -165,9 +170,10 @@ async fn demo_on_mysql(url: &str) -> ExitCode {
     let run = format!("idemkit_demo_{:016x}", std::process::id() as u64 ^ nanos());
     let mut tables = Vec::new();
     let result: Result<_, Box<dyn std::error::Error>> = async {
-        // The demo's rows (7) and experiment 4's handlers (5), each on its own table.
+        // The demo's rows (7), experiment 4's handlers (5) and experiment 5's rows (3, three
+        // stores each), each on its own table.
         let mut stores = Vec::new();
-        for n in 0..12 {
+        for n in 0..21 {
             let table = format!("{run}_r{n}");
             let store = MySqlStore::builder().table(&table).build(pool.clone())?;
             tables.push(format!("{table}_fencing"));
@@ -181,7 +187,8 @@ async fn demo_on_mysql(url: &str) -> ExitCode {
         let next = || stores[row.fetch_add(1, Ordering::Relaxed) % stores.len()].clone();
         let report = idemkit_demo::demo::run(&next).await;
         let consumer = idemkit_demo::consumer::run(&db, &next).await;
-        Ok((report, consumer))
+        let chain = idemkit_demo::chain::run(&next).await;
+        Ok((report, consumer, chain))
     }
     .await;
     for table in &tables {
@@ -190,8 +197,8 @@ async fn demo_on_mysql(url: &str) -> ExitCode {
             .await;
     }
     match result {
-        Ok((report, consumer)) => {
-            print!("{report}\n{consumer}");
+        Ok((report, consumer, chain)) => {
+            print!("{report}\n{consumer}\n{chain}");
             ExitCode::SUCCESS
         }
         Err(e) => {

@@ -30,6 +30,9 @@ fn assert_tables(out: Output) {
         "inbox, return early on a duplicate       ledger rows=1  mails sent=0",
         "key on the email only                    ledger rows=3  mails sent=1",
         "inbox + key, email on every delivery     ledger rows=1  mails sent=1",
+        "ids name the delivery             messages=2  mails sent=2  charges=4",
+        "dedupe id on the publish only     messages=1  mails sent=1  charges=2",
+        "one effect key, every hop         messages=1  mails sent=1  charges=1",
     ] {
         assert!(text.contains(line), "missing {line:?} in:\n{text}");
     }
