@@ -121,11 +121,12 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+/// The Kafka client this crate is built on (its `ClientConfig`, `Message`, ...), so an
+/// application uses the same version as the runner without naming it in its manifest.
+pub use dedupe::{DEDUPE_HEADER, dedupe_headers, dedupe_key};
 use idemkit_core::{Key, KeyError, Store};
 pub use idemkit_runner::{Handle, Processed, Processor, RetryPolicy, Settlement};
 use idemkit_runner::{Settler, Transport};
-/// The Kafka client this crate is built on (its `ClientConfig`, `Message`, ...), so an
-/// application uses the same version as the runner without naming it in its manifest.
 pub use rdkafka;
 use rdkafka::client::ClientContext;
 use rdkafka::config::ClientConfig;
@@ -473,6 +474,7 @@ where
 
 mod context;
 mod dead_letter;
+mod dedupe;
 mod partition;
 
 use context::*;

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use async_nats::jetstream::Message;
-use idemkit_core::{Key, KeyError, Store};
+use idemkit_core::Store;
 use idemkit_runner::{Handle, HandlerSlot, handle_together};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::task::JoinSet;
@@ -23,7 +23,7 @@ pub(crate) fn dispatch<S, K, H>(
     batch: Vec<Taken>,
 ) where
     S: Store + Send + Sync + 'static,
-    K: Fn(&Message) -> Result<Key, KeyError> + Send + Sync + 'static,
+    K: idemkit_runner::KeyOf<Message> + Send + Sync + 'static,
     H: Handle<Message> + 'static,
 {
     let shared = shared.clone();

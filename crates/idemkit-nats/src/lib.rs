@@ -43,8 +43,10 @@
 //! - **Publish once, key by the id** (issue 52). An action that publishes for the next
 //!   service uses [`publish_once`] with its effect's downstream key as `Nats-Msg-Id`: a
 //!   republish after a crash is dropped by the stream within its duplicate window
-//!   ([`duplicate_window_covers`]). A consumer of such messages keys its effect on the id:
-//!   `.key(`[`msg_id_key`]`)`, so a chain of idemkit consumers needs no glue.
+//!   ([`duplicate_window_covers`]). A consumer of such messages keys its effect on the id by
+//!   default: a processor built without `.key(...)` takes the `Nats-Msg-Id`
+//!   (`idemkit_runner::DedupeId`; [`msg_id_key`] is the same as a function), so a chain of
+//!   idemkit consumers needs no glue.
 //! - **Shutdown.** [`JetStreamRunner::run`] stops pulling when its `shutdown` future
 //!   completes and lets the running handlers finish and settle. Messages pulled but not yet
 //!   started are not acked: the broker redelivers them after `ack_wait`.
@@ -93,7 +95,7 @@ pub use async_nats;
 use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::{AckKind, Message};
 use futures_util::{FutureExt as _, StreamExt as _};
-use idemkit_core::{Key, KeyError, Store};
+use idemkit_core::Store;
 pub use idemkit_runner::{Handle, Processed, Processor, RetryPolicy, Settlement};
 use idemkit_runner::{Settler, Transport};
 pub use publish::{
@@ -147,7 +149,7 @@ struct Shared<S, K, H: Handle<Message>> {
 impl<S, K, H> JetStreamRunner<S, K, H>
 where
     S: Store + Send + Sync + 'static,
-    K: Fn(&Message) -> Result<Key, KeyError> + Send + Sync + 'static,
+    K: idemkit_runner::KeyOf<Message> + Send + Sync + 'static,
     H: Handle<Message> + 'static,
 {
     /// A runner for `consumer`, a pull consumer with explicit acks (the default ack policy).
@@ -308,7 +310,7 @@ pub(crate) async fn handle<S, K, H>(
     handled: impl FnOnce() + Send,
 ) where
     S: Store + Send + Sync + 'static,
-    K: Fn(&Message) -> Result<Key, KeyError> + Send + Sync + 'static,
+    K: idemkit_runner::KeyOf<Message> + Send + Sync + 'static,
     H: Handle<Message> + 'static,
 {
     let delivered = message

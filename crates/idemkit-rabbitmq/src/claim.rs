@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use idemkit_core::{Key, KeyError, Store};
+use idemkit_core::Store;
 use idemkit_runner::{Handle, HandlerSlot, handle_together};
 use lapin::message::Delivery;
 use tokio::sync::OwnedSemaphorePermit;
@@ -22,7 +22,7 @@ pub(crate) fn dispatch<S, K, H>(
     batch: Vec<(Delivery, OwnedSemaphorePermit)>,
 ) where
     S: Store + Send + Sync + 'static,
-    K: Fn(&Message) -> Result<Key, KeyError> + Send + Sync + 'static,
+    K: idemkit_runner::KeyOf<Message> + Send + Sync + 'static,
     H: Handle<Message> + 'static,
 {
     let (shared, session) = (shared.clone(), session.clone());

@@ -50,7 +50,9 @@
 //! - **Publish once, key by the id** (issue 52). An action that publishes for the next
 //!   service uses [`publish_once`] with its effect's downstream key as the `message_id`
 //!   (mandatory, confirmed). RabbitMQ keeps a republish's copy too; the next consumer, keyed
-//!   by `.key(`[`message_id_key`]`)`, runs its effect once and replays to the copy.
+//!   on the `message_id` by default (a processor built without `.key(...)`:
+//!   `idemkit_runner::DedupeId`; [`message_id_key`] is the same as a function), runs its
+//!   effect once and replays to the copy.
 //! - **Shutdown.** [`RabbitRunner::run`] stops consuming when its `shutdown` future
 //!   completes (the consumer is cancelled), lets the running handlers finish and settle,
 //!   then closes its channel and connection: messages received but not started go back to
@@ -97,7 +99,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures_util::{FutureExt as _, StreamExt as _};
-use idemkit_core::{Key, KeyError, Store};
+use idemkit_core::Store;
 use idemkit_runner::{Settler, Transport};
 /// The AMQP client this crate is built on, so an application declares its queues with the
 /// same version as the runner without naming it in its manifest.
@@ -180,7 +182,7 @@ struct Session {
 impl<S, K, H> RabbitRunner<S, K, H>
 where
     S: Store + Send + Sync + 'static,
-    K: Fn(&Message) -> Result<Key, KeyError> + Send + Sync + 'static,
+    K: idemkit_runner::KeyOf<Message> + Send + Sync + 'static,
     H: Handle<Message> + 'static,
 {
     /// A runner that consumes `queue` (which must exist) on the broker at `uri`
@@ -557,7 +559,7 @@ pub(crate) async fn handle<S, K, H>(
     handled: impl FnOnce() + Send,
 ) where
     S: Store + Send + Sync + 'static,
-    K: Fn(&Message) -> Result<Key, KeyError> + Send + Sync + 'static,
+    K: idemkit_runner::KeyOf<Message> + Send + Sync + 'static,
     H: Handle<Message> + 'static,
 {
     // A retry in place stops when the runner shuts down, and when the message's channel is
@@ -638,7 +640,7 @@ struct Parking<'a, S, K, H: Handle<Message>> {
 impl<S, K, H> Transport<Message> for Parking<'_, S, K, H>
 where
     S: Store + Send + Sync + 'static,
-    K: Fn(&Message) -> Result<Key, KeyError> + Send + Sync + 'static,
+    K: idemkit_runner::KeyOf<Message> + Send + Sync + 'static,
     H: Handle<Message> + 'static,
 {
     async fn dead_letter(&self, message: &Message, reason: &str) -> bool {

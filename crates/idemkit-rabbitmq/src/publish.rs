@@ -106,6 +106,14 @@ impl Message {
     }
 }
 
+/// A RabbitMQ message's dedupe id is its `message_id`: a processor built without a key
+/// function keys on it ([`message_id_key`] is the same as a function).
+impl idemkit_runner::DedupeId for Message {
+    fn dedupe_id(&self) -> Option<&str> {
+        self.message_id()
+    }
+}
+
 /// The effect's key from a message's dedupe id (its `message_id`, as [`publish_once`] sets
 /// it): the key function of a consumer whose producer is an idemkit action, or any producer
 /// that sets the property. A message without one has no key: the runner dead-letters it
@@ -126,7 +134,7 @@ impl Message {
 /// assert!(message_id_key(&Message::new("order-9")).is_err());
 /// let processor = Processor::builder(Coordinator::new(MemoryStore::new()), Operation::new("mail.shipped")?)
 ///     .key(message_id_key)
-///     .handler(|m: Message, _attempt| async move { Ok::<_, std::io::Error>(m.data.len()) });
+///     .handler(|m: Message, _attempt: idemkit_core::Attempt| async move { Ok::<_, std::io::Error>(m.data.len()) });
 /// # let _ = processor;
 /// # Ok(()) }
 /// ```

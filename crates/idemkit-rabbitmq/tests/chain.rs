@@ -1,9 +1,9 @@
 //! One effect key end to end (issue 52), on the machine's brokers and Redis: an order's
 //! payment on JetStream (published twice by its producer under one `Nats-Msg-Id`) → consumer
-//! A, keyed by that id, publishes "invoice requested" to RabbitMQ and fails before its result
+//! A, keyed by that id (by default: no key function), publishes "invoice requested" to RabbitMQ and fails before its result
 //! is stored (the window between an effect and its result: a worker killed there behaves the
 //! same, its redelivery runs the action again) → its retry publishes again → consumer B,
-//! keyed by the message's `message_id`, sends the email. With the dedupe ids (A publishes
+//! keyed by the message's `message_id` (by default too), sends the email. With the dedupe ids (A publishes
 //! under its effect's downstream key) the email goes once; with the switch off (A publishes
 //! under a fresh id per attempt, as a publisher that names the delivery would) it goes twice.
 
@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use idemkit_core::{Coordinator, Operation};
 use idemkit_nats::async_nats::jetstream::{self, consumer::pull, stream};
-use idemkit_nats::{JetStreamRunner, msg_id_key, publish_once as publish_to_stream};
+use idemkit_nats::{JetStreamRunner, publish_once as publish_to_stream};
 use idemkit_rabbitmq::lapin::BasicProperties;
-use idemkit_rabbitmq::{Message, RabbitRunner, message_id_key, publish_once};
+use idemkit_rabbitmq::{Message, RabbitRunner, publish_once};
 use idemkit_redis::RedisStore;
 use idemkit_runner::{Processor, RetryPolicy};
 use tokio::sync::Notify;
@@ -97,7 +97,7 @@ async fn chain(dedupe_ids: bool) -> Option<Counts> {
             Coordinator::new(store().await),
             Operation::new("invoice.request").unwrap(),
         )
-        .key(msg_id_key)
+        // No key function: the message's dedupe id (`Nats-Msg-Id`) is the key.
         .handler(
             move |m: jetstream::Message, attempt: idemkit_core::Attempt| {
                 let (channel, queue) = (channel.clone(), queue.clone());
@@ -142,8 +142,8 @@ async fn chain(dedupe_ids: bool) -> Option<Counts> {
             Coordinator::new(store().await),
             Operation::new("mail.invoice").unwrap(),
         )
-        .key(message_id_key)
-        .handler(move |_m: Message, _attempt| {
+        // No key function: the message's dedupe id (`message_id`) is the key.
+        .handler(move |_m: Message, _attempt: idemkit_core::Attempt| {
             let emails = emails.clone();
             async move {
                 emails.fetch_add(1, Ordering::SeqCst);

@@ -5,10 +5,10 @@
 
 use std::future::Future;
 
-use idemkit_core::{Key, KeyError, Prepared, Store};
+use idemkit_core::{Prepared, Store};
 use tokio::task::JoinSet;
 
-use crate::{Handle, Processor};
+use crate::{Handle, KeyOf, Processor};
 
 /// Handles `batch` (messages in the order received, each with what its runner keeps beside
 /// it: a handler slot, an acknowledger) through `each(message, kept, claim)`. Several
@@ -57,7 +57,7 @@ pub async fn handle_together<S, K, H, M, X, F, Fut>(
     each: F,
 ) where
     S: Store,
-    K: Fn(&M) -> Result<Key, KeyError>,
+    K: KeyOf<M>,
     H: Handle<M>,
     F: Fn(M, X, Option<Prepared<S>>) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,

@@ -72,6 +72,7 @@
 
 mod claim;
 mod handle;
+mod key;
 mod processor;
 mod settle;
 mod settlement;
@@ -80,6 +81,7 @@ mod unwind;
 
 pub use claim::handle_together;
 pub use handle::Handle;
+pub use key::{DedupeId, KeyOf};
 pub use processor::{Processed, Processor, ProcessorBuilder};
 pub use settle::{Final, Settled, Settler, Transport};
 pub use settlement::{RetryPolicy, Settlement};

@@ -9,6 +9,7 @@ use idemkit_core::{
 };
 
 use crate::handle::Handle;
+use crate::key::KeyOf;
 use crate::settlement::{RetryPolicy, Settlement};
 use crate::unwind;
 
@@ -29,9 +30,13 @@ pub struct Processed<T> {
 /// A user's message handler under a coordinator: the effect identity from the message, the
 /// handler as the action, the settlement from the [table](crate).
 ///
-/// `K: Fn(&M) -> Result<Key, KeyError>` names the effect a message asks for (keys name the
-/// effect, not the delivery: `order-9.invoice`, not the offset or message id). A key
-/// function that fails dead-letters the message; it never runs the handler unprotected.
+/// `K` names the effect a message asks for ([`KeyOf`]): a key function `Fn(&M) ->
+/// Result<Key, KeyError>` (keys name the effect, not the delivery: `order-9.invoice`, not the
+/// offset), or, with no key function given (`()`), the message's dedupe id ([`DedupeId`]: the
+/// id its producer's effect published it under, which is the same on every republish). A
+/// key that fails dead-letters the message; it never runs the handler unprotected.
+///
+/// [`DedupeId`]: crate::DedupeId
 /// `H: Fn(M, Attempt) -> Future<Output = Result<T, E>>` is the handler; its value is stored
 /// with the JSON codec and replayed to every redelivery.
 ///
@@ -103,7 +108,9 @@ impl<S: Store> Processor<S, (), ()> {
 }
 
 impl<S: Store> ProcessorBuilder<S> {
-    /// The effect's key, from the message (the order's invoice, not the delivery).
+    /// The effect's key, from the message (the order's invoice, not the delivery). Without
+    /// it, [`handler`](Self::handler) keys each message on its dedupe id
+    /// ([`DedupeId`](crate::DedupeId)), as a consumer of idemkit producers wants.
     pub fn key<K>(self, key: K) -> ProcessorBuilder<S, K> {
         ProcessorBuilder {
             coordinator: self.coordinator,
@@ -184,9 +191,9 @@ impl<S: Store, K, H> Processor<S, K, H> {
     /// The effect key `message` names, or why it names none.
     pub fn key_of<M>(&self, message: &M) -> Result<Key, KeyError>
     where
-        K: Fn(&M) -> Result<Key, KeyError>,
+        K: KeyOf<M>,
     {
-        (self.key)(message)
+        self.key.key_of(message)
     }
 
     /// Runs one delivery of `message` (its `delivery`-th, 1-based) and settles it.
@@ -195,7 +202,7 @@ impl<S: Store, K, H> Processor<S, K, H> {
     pub async fn process<M>(&self, message: &M, delivery: u32) -> Processed<H::Output>
     where
         M: Clone,
-        K: Fn(&M) -> Result<Key, KeyError>,
+        K: KeyOf<M>,
         H: Handle<M>,
     {
         self.process_prepared(message, None, delivery).await
@@ -239,7 +246,7 @@ impl<S: Store, K, H> Processor<S, K, H> {
     pub async fn process_batch<M>(&self, messages: &[M]) -> Vec<Processed<H::Output>>
     where
         M: Clone,
-        K: Fn(&M) -> Result<Key, KeyError>,
+        K: KeyOf<M>,
         H: Handle<M>,
     {
         self.process_batch_while(messages, || true).await
@@ -256,7 +263,7 @@ impl<S: Store, K, H> Processor<S, K, H> {
     ) -> Vec<Processed<H::Output>>
     where
         M: Clone,
-        K: Fn(&M) -> Result<Key, KeyError>,
+        K: KeyOf<M>,
         H: Handle<M>,
     {
         let mut claims = self.prepare(messages).await.into_iter();
@@ -283,12 +290,13 @@ impl<S: Store, K, H> Processor<S, K, H> {
     /// of [`process_batch`](Processor::process_batch). A claim dropped unused is released.
     pub async fn prepare<M>(&self, messages: &[M]) -> Vec<Option<Prepared<S>>>
     where
-        K: Fn(&M) -> Result<Key, KeyError>,
+        K: KeyOf<M>,
     {
         if !self.protected {
             return messages.iter().map(|_| None).collect();
         }
-        let keys: Vec<Result<Key, KeyError>> = messages.iter().map(|m| (self.key)(m)).collect();
+        let keys: Vec<Result<Key, KeyError>> =
+            messages.iter().map(|m| self.key.key_of(m)).collect();
         let valid: Vec<Key> = keys
             .iter()
             .filter_map(|k| k.as_ref().ok().cloned())
@@ -313,7 +321,7 @@ impl<S: Store, K, H> Processor<S, K, H> {
     ) -> Processed<H::Output>
     where
         M: Clone,
-        K: Fn(&M) -> Result<Key, KeyError>,
+        K: KeyOf<M>,
         H: Handle<M>,
     {
         self.process_signalled(message, prepared, delivery, || {})
@@ -359,13 +367,13 @@ impl<S: Store, K, H> Processor<S, K, H> {
     ) -> Processed<H::Output>
     where
         M: Clone,
-        K: Fn(&M) -> Result<Key, KeyError>,
+        K: KeyOf<M>,
         H: Handle<M>,
     {
         if !self.protected {
             return self.unprotected(message, delivery, handled).await;
         }
-        match (self.key)(message) {
+        match self.key.key_of(message) {
             Ok(key) => self.run(message, &key, prepared, delivery, handled).await,
             Err(e) => self.key_failed(&e),
         }
@@ -390,7 +398,7 @@ impl<S: Store, K, H> Processor<S, K, H> {
     ) -> Option<Processed<H::Output>>
     where
         M: Clone,
-        K: Fn(&M) -> Result<Key, KeyError>,
+        K: KeyOf<M>,
         H: Handle<M>,
     {
         loop {
@@ -403,7 +411,7 @@ impl<S: Store, K, H> Processor<S, K, H> {
             if !go_on() {
                 return None;
             }
-            match (processed.error, (self.key)(message)) {
+            match (processed.error, self.key.key_of(message)) {
                 (Some(ErrorKind::InFlight), Ok(key)) => {
                     if let Err(e) = self
                         .coordinator

@@ -6,9 +6,10 @@ use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
-use idemkit_core::{Key, KeyError, Store};
+use idemkit_core::Store;
 
 use crate::handle::Handle;
+use crate::key::KeyOf;
 use crate::processor::{Processed, Processor};
 use crate::settlement::Settlement;
 
@@ -124,7 +125,7 @@ pub struct Final<T> {
 impl<S, K, H, M> Settler<S, K, H, M>
 where
     S: Store,
-    K: Fn(&M) -> Result<Key, KeyError>,
+    K: KeyOf<M>,
     H: Handle<M>,
     M: Clone,
 {
