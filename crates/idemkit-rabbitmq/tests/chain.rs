@@ -1,11 +1,15 @@
-//! One effect key end to end (issue 52), on the machine's brokers and Redis: an order's
-//! payment on JetStream (published twice by its producer under one `Nats-Msg-Id`) → consumer
-//! A, keyed by that id (by default: no key function), publishes "invoice requested" to RabbitMQ and fails before its result
-//! is stored (the window between an effect and its result: a worker killed there behaves the
-//! same, its redelivery runs the action again) → its retry publishes again → consumer B,
-//! keyed by the message's `message_id` (by default too), sends the email. With the dedupe ids (A publishes
-//! under its effect's downstream key) the email goes once; with the switch off (A publishes
-//! under a fresh id per attempt, as a publisher that names the delivery would) it goes twice.
+//! One effect key end to end (issue 52), on the machine's brokers, Redis and a real HTTP
+//! server: an order's payment on JetStream (published twice by its producer under one
+//! `Nats-Msg-Id`) → consumer A, keyed by that id (by default: no key function), publishes
+//! "invoice requested" to RabbitMQ and fails before its result is stored (the window between
+//! an effect and its result: a worker killed there behaves the same, its redelivery runs the
+//! action again) → its retry publishes again → consumer B, keyed by the message's
+//! `message_id` (by default too), sends the email (its own keyed call) and charges the card
+//! at a payment provider behind idemkit's HTTP layer, then fails before its result is stored
+//! → its retry does both again. With the dedupe ids (A publishes under its effect's
+//! downstream key, B sends its downstream key as the `Idempotency-Key`) the email goes once
+//! and the card is charged once; with the switch off (a fresh id per attempt, as a client
+//! that names the delivery would) twice and four times.
 
 mod support;
 
@@ -31,6 +35,8 @@ struct Counts {
     published: usize,
     /// Emails B sent.
     emails: usize,
+    /// Charges the provider made.
+    charges: usize,
     /// Messages B settled (both copies).
     settled: usize,
 }
@@ -132,24 +138,86 @@ async fn chain(dedupe_ids: bool) -> Option<Counts> {
     let done = a_done.clone();
     let runner_a = JetStreamRunner::new(consumer, a).on_settled(move |_| done.notify_one());
 
-    // Hop 2: B, keyed by the message's id; the email is its effect.
+    // Hop 3: the payment provider, behind idemkit's HTTP layer (keys on Redis).
+    let charges = Arc::new(AtomicUsize::new(0));
+    let provider = {
+        let charges = charges.clone();
+        let layer = idemkit_http::IdempotencyLayer::builder(
+            Coordinator::new(store().await),
+            Operation::new("provider.charge").unwrap(),
+        )
+        .global_scope("provider")
+        .unwrap()
+        .build()
+        .unwrap();
+        axum::Router::new()
+            .route(
+                "/charges",
+                axum::routing::post(move || {
+                    let charges = charges.clone();
+                    async move {
+                        let n = charges.fetch_add(1, Ordering::SeqCst) + 1;
+                        (axum::http::StatusCode::CREATED, format!("ch_{n}"))
+                    }
+                }),
+            )
+            .layer(layer)
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let charges_url = format!("http://{}/charges", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, provider).await.unwrap() });
+
+    // Hop 2: B, keyed by the message's id: the email (a keyed call of its own) and the
+    // charge (the provider's key), then it fails once before its result is stored.
     let emails = Arc::new(AtomicUsize::new(0));
     let settled = Arc::new(AtomicUsize::new(0));
     let b_done = Arc::new(Notify::new());
     let b = {
-        let emails = emails.clone();
+        let (emails, b_attempts) = (emails.clone(), Arc::new(AtomicUsize::new(0)));
+        let mail = Coordinator::new(store().await);
+        let http = reqwest::Client::new();
         Processor::builder(
             Coordinator::new(store().await),
-            Operation::new("mail.invoice").unwrap(),
+            Operation::new("invoice.send").unwrap(),
         )
         // No key function: the message's dedupe id (`message_id`) is the key.
-        .handler(move |_m: Message, _attempt: idemkit_core::Attempt| {
-            let emails = emails.clone();
+        .handler(move |m: Message, attempt: idemkit_core::Attempt| {
+            let (emails, b_attempts) = (emails.clone(), b_attempts.clone());
+            let (mail, http, url) = (mail.clone(), http.clone(), charges_url.clone());
             async move {
-                emails.fetch_add(1, Ordering::SeqCst);
-                Ok::<_, std::io::Error>("em_1".to_string())
+                let id = m.message_id().unwrap_or_default().to_string();
+                mail.call(
+                    &Operation::new("mail.invoice").unwrap(),
+                    &idemkit_core::Key::new(&id).unwrap(),
+                )
+                .run(|_| async {
+                    emails.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, std::io::Error>("em_1".to_string())
+                })
+                .await
+                .map_err(|e| e.to_string())?;
+                let key = if dedupe_ids {
+                    attempt.downstream_key().expect("protected").into_string()
+                } else {
+                    support::unique("attempt")
+                };
+                let charged = http
+                    .post(&url)
+                    .header("idempotency-key", key)
+                    .send()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if charged.status() != 201 {
+                    return Err(format!("the provider answered {}", charged.status()));
+                }
+                // The first attempt of each message fails after its effects.
+                if b_attempts.fetch_add(1, Ordering::SeqCst) % 2 == 0 {
+                    return Err("the worker died after the charge".to_string());
+                }
+                Ok("sent and charged".to_string())
             }
         })
+        .retry(RetryPolicy::new().backoff(Duration::from_millis(10), Duration::from_millis(10)))
     };
     let (count, done) = (settled.clone(), b_done.clone());
     let runner_b = RabbitRunner::new(amqp, queue.clone(), b).on_settled(move |_| {
@@ -180,14 +248,15 @@ async fn chain(dedupe_ids: bool) -> Option<Counts> {
         stream_messages,
         published: published.load(Ordering::SeqCst),
         emails: emails.load(Ordering::SeqCst),
+        charges: charges.load(Ordering::SeqCst),
         settled: settled.load(Ordering::SeqCst),
     })
 }
 
 /// The chain with or without the dedupe ids: the stream dropped the producer's second
 /// publish, A's retry published again (RabbitMQ keeps both copies), B settled both; the
-/// emails are what the ids decide.
-async fn check(dedupe_ids: bool, emails: usize) {
+/// emails and the charges are what the ids decide.
+async fn check(dedupe_ids: bool, emails: usize, charges: usize) {
     let Some(counts) = chain(dedupe_ids).await else {
         return;
     };
@@ -195,6 +264,7 @@ async fn check(dedupe_ids: bool, emails: usize) {
         stream_messages: 1,
         published: 2,
         emails,
+        charges,
         settled: 2,
     };
     assert_eq!(counts, want, "dedupe ids: {dedupe_ids}");
@@ -202,10 +272,10 @@ async fn check(dedupe_ids: bool, emails: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_dedupe_ids_one_key_makes_every_hop_happen_once() {
-    check(true, 1).await;
+    check(true, 1, 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_dedupe_ids_the_next_hop_sends_twice() {
-    check(false, 2).await;
+    check(false, 2, 4).await;
 }
