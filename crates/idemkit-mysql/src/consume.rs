@@ -7,7 +7,7 @@
 
 use std::future::Future;
 
-use idemkit_core::{Attempt, Key, KeyError};
+use idemkit_core::Attempt;
 use idemkit_sql::InboxTx;
 use idemkit_sql::{InboxError, Seen, TxFuture};
 use sqlx::{MySql, MySqlConnection, MySqlPool, Transaction};
@@ -74,7 +74,8 @@ impl Inbox {
     /// 4. its value is the call's result: stored under the key and replayed to every later
     ///    delivery, which then runs nothing; the runner acknowledges the message only after.
     ///
-    /// `claim` names the **effect**, as the key does (pass the processor's key function).
+    /// `claim` names the **effect**, as the key does (pass the processor's key function;
+    /// `()` claims the message's dedupe id, `idemkit_runner::DedupeId`, issue 52).
     /// InnoDB specifics (a claim queued behind a transaction that rolls back may end in a
     /// deadlock: an `Unavailable` error, retried by the runner) are [`Inbox::claim`]'s.
     ///
@@ -127,7 +128,7 @@ impl Inbox {
     ) -> Result<InboxHandler<C, D, X>, InboxError>
     where
         // The handler's bounds, here too: they give the closures their signatures.
-        C: Fn(&M) -> Result<Key, KeyError> + Send + Sync,
+        C: idemkit_runner::KeyOf<M> + Send + Sync,
         D: for<'t> Fn(&'t M, &'t mut MySqlConnection) -> TxFuture<'t, Result<(), E>> + Send + Sync,
         X: Fn(M, Attempt) -> Fut + Send + Sync,
         Fut: Future<Output = Result<T, E>> + Send,

@@ -35,18 +35,26 @@ async fn tables(pool: &PgPool) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_order_paid_twice_makes_one_invoice_and_one_email() {
-    let Some(url) = server() else { return };
+/// A JetStream stream with a pull consumer, and PostgreSQL with the keys' and the tables'.
+struct Setup {
+    store: PgStore,
+    pool: PgPool,
+    js: jetstream::Context,
+    subject: String,
+    consumer: jetstream::consumer::PullConsumer,
+    order: String,
+}
+
+async fn setup() -> Option<Setup> {
+    let url = server()?;
     let store = PgStore::connect(&postgres_url()).await;
     if !idemkit_test::require_service("postgres", store.is_ok()) {
-        return;
+        return None;
     }
     let store = store.unwrap();
     store.migrate().await.unwrap();
     let pool = store.pool().clone();
     tables(&pool).await;
-
     let js = jetstream::new(async_nats::connect(&url).await.expect("nats"));
     let (name, subject, durable, order) = (
         unique("S"),
@@ -69,6 +77,29 @@ async fn an_order_paid_twice_makes_one_invoice_and_one_email() {
         })
         .await
         .unwrap();
+    Some(Setup {
+        store,
+        pool,
+        js,
+        subject,
+        consumer,
+        order,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_order_paid_twice_makes_one_invoice_and_one_email() {
+    let Some(Setup {
+        store,
+        pool,
+        js,
+        subject,
+        consumer,
+        order,
+    }) = setup().await
+    else {
+        return;
+    };
 
     let handler = Inbox::new()
         .handler(
@@ -147,4 +178,80 @@ async fn an_order_paid_twice_makes_one_invoice_and_one_email() {
         .await
         .unwrap();
     assert_eq!((invoices, emails, acked.load(Ordering::SeqCst)), (1, 1, 2));
+}
+
+/// Issue 52: the inbox and the key take the message's dedupe id by default. A message an
+/// idemkit producer published once (`publish_once`: its `Nats-Msg-Id` is the producer's
+/// effect's key) is claimed in the inbox under that id and keyed on it, with no key function
+/// given to either (`()` for the inbox's claim, no `.key(...)` for the processor).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_inbox_and_the_key_take_the_dedupe_id_by_default() {
+    let Some(Setup {
+        store,
+        pool,
+        js,
+        subject,
+        consumer,
+        order,
+    }) = setup().await
+    else {
+        return;
+    };
+    let handler = Inbox::new()
+        .handler(
+            pool.clone(),
+            "billing-by-id",
+            (),
+            |m: &Message, conn| {
+                let order = String::from_utf8_lossy(&m.payload).into_owned();
+                Box::pin(async move {
+                    sqlx::query("INSERT INTO nats_invoices (order_id) VALUES ($1)")
+                        .bind(order)
+                        .execute(conn)
+                        .await?;
+                    Ok::<_, sqlx::Error>(())
+                })
+            },
+            |m: Message, _attempt: Attempt| async move {
+                Ok::<_, sqlx::Error>(format!("em_{}", m.payload.len()))
+            },
+        )
+        .unwrap();
+    let processor = Processor::builder(
+        Coordinator::new(store),
+        Operation::new("invoice.send").unwrap(),
+    )
+    .handler(handler);
+    let done = Arc::new(tokio::sync::Notify::new());
+    let d = done.clone();
+    let runner = JetStreamRunner::new(consumer, processor).on_settled(move |x| {
+        assert_eq!(x.processed.settlement, Settlement::Ack);
+        d.notify_one();
+    });
+    let id = format!("idk1_{}", unique("paid").replace('-', ""));
+    idemkit_nats::publish_once(&js, subject.clone(), &id, order.clone().into(), None)
+        .await
+        .unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        runner.run(async move { done.notified().await }),
+    )
+    .await
+    .expect("the message settled")
+    .unwrap();
+    let claimed: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {} WHERE consumer = 'billing-by-id' AND message_id = $1",
+        Inbox::new().name()
+    ))
+    .bind(&id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let invoices: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM nats_invoices WHERE order_id = $1")
+            .bind(&order)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!((claimed, invoices), (1, 1));
 }

@@ -7,7 +7,7 @@
 
 use std::future::Future;
 
-use idemkit_core::{Attempt, Key, KeyError};
+use idemkit_core::Attempt;
 use idemkit_sql::InboxTx;
 use idemkit_sql::{InboxError, Seen};
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
@@ -81,7 +81,10 @@ impl Inbox {
     ///
     /// `claim` names the **effect**, as the key does (pass the processor's key function):
     /// a producer's retry of the same order arrives as another message (another offset, a
-    /// new message id) and must find the order's claim, not a fresh one.
+    /// new message id) and must find the order's claim, not a fresh one. `()` claims the
+    /// message's dedupe id (`idemkit_runner::DedupeId`: JetStream's `Nats-Msg-Id`, RabbitMQ's
+    /// `message_id`), which an idemkit producer sets to its effect's key, the same on every
+    /// republish (issue 52); pair it with a processor built without a key function.
     ///
     /// # Errors
     ///
@@ -132,7 +135,7 @@ impl Inbox {
     ) -> Result<InboxHandler<C, D, X>, InboxError>
     where
         // The handler's bounds, here too: they give the closures their signatures.
-        C: Fn(&M) -> Result<Key, KeyError> + Send + Sync,
+        C: idemkit_runner::KeyOf<M> + Send + Sync,
         D: for<'t> Fn(&'t M, &'t mut PgConnection) -> TxFuture<'t, Result<(), E>> + Send + Sync,
         X: Fn(M, Attempt) -> Fut + Send + Sync,
         Fut: Future<Output = Result<T, E>> + Send,

@@ -11,7 +11,7 @@ use idemkit_core::fault::{self, FaultPoint};
 use idemkit_runner::Handle;
 
 use crate::inbox::{InboxError, Seen, TxFuture};
-use idemkit_core::{Attempt, Key, KeyError, Operation};
+use idemkit_core::{Attempt, Operation};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -110,7 +110,7 @@ impl<M, I, C, D, X, Fut, T, E> Handle<M> for InboxHandler<I, C, D, X>
 where
     M: Send + Sync,
     I: InboxTx,
-    C: Fn(&M) -> Result<Key, KeyError> + Send + Sync,
+    C: idemkit_runner::KeyOf<M> + Send + Sync,
     D: for<'t> Fn(&'t M, &'t mut I::Conn) -> TxFuture<'t, Result<(), E>> + Send + Sync,
     X: Fn(M, Attempt) -> Fut + Send + Sync,
     Fut: Future<Output = Result<T, E>> + Send,
@@ -121,7 +121,7 @@ where
     type Error = HandlerError<E>;
 
     async fn handle(&self, message: M, attempt: Attempt) -> Result<T, HandlerError<E>> {
-        let id = (self.claim)(&message).map_err(InboxError::InvalidId)?;
+        let id = self.claim.key_of(&message).map_err(InboxError::InvalidId)?;
         let mut tx = self.inbox.begin().await?;
         let seen = self
             .inbox
