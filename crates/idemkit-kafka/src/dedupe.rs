@@ -8,6 +8,10 @@ use idemkit_core::{Key, KeyError};
 use rdkafka::message::{Header, Headers as _, Message as _, OwnedHeaders, OwnedMessage};
 
 /// The header an idemkit producer names its record in.
+///
+/// ```
+/// assert_eq!(idemkit_kafka::DEDUPE_HEADER, "idemkit-dedupe-id");
+/// ```
 pub const DEDUPE_HEADER: &str = "idemkit-dedupe-id";
 
 /// `headers` (or none) with the dedupe id `id` added: for a `FutureRecord`'s `.headers(...)`

@@ -12,9 +12,20 @@ use async_nats::subject::ToSubject;
 use idemkit_core::{Key, KeyError};
 
 /// The header JetStream deduplicates publishes on.
+///
+/// ```
+/// let id: &str = async_nats::header::NATS_MESSAGE_ID.as_ref();
+/// assert_eq!(idemkit_nats::MSG_ID, id);
+/// ```
 pub const MSG_ID: &str = "Nats-Msg-Id";
 
 /// What the stream answered a [`publish_once`]; storable as an action's result (serde).
+///
+/// ```
+/// let p: idemkit_nats::Published =
+///     serde_json::from_str(r#"{"stream":"ORDERS","sequence":7,"duplicate":true}"#).unwrap();
+/// assert!(p.duplicate && p.sequence == 7);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct Published {
@@ -28,6 +39,16 @@ pub struct Published {
 }
 
 /// Why a [`publish_once`] is not known to be stored.
+///
+/// ```no_run
+/// # async fn f(js: async_nats::jetstream::Context) {
+/// // No stream takes the subject: the acknowledgement never comes.
+/// match idemkit_nats::publish_once(&js, "nowhere", "idk1_x", "x".into(), None).await {
+///     Err(idemkit_nats::PublishError::Publish(e)) => eprintln!("not stored: {e}"),
+///     _ => {}
+/// }
+/// # }
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PublishError {

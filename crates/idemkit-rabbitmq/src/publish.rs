@@ -12,6 +12,12 @@ use idemkit_core::{Key, KeyError};
 use crate::Message;
 
 /// Why a [`publish_once`] is not known to be in a queue.
+///
+/// ```
+/// use idemkit_rabbitmq::PublishError;
+/// let e = PublishError::Unroutable("NO_ROUTE".into());
+/// assert_eq!(e.to_string(), "rabbitmq publish: routed to no queue (NO_ROUTE)");
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PublishError {
@@ -101,6 +107,15 @@ pub async fn publish_once(
 
 impl Message {
     /// Its AMQP `message_id`, if it has one: the dedupe id a [`publish_once`] sets.
+    ///
+    /// ```
+    /// use idemkit_rabbitmq::Message;
+    /// use idemkit_rabbitmq::lapin::BasicProperties;
+    /// let mut m = Message::new("order-9");
+    /// assert_eq!(m.message_id(), None);
+    /// m.properties = BasicProperties::default().with_message_id("idk1_abc".into());
+    /// assert_eq!(m.message_id(), Some("idk1_abc"));
+    /// ```
     pub fn message_id(&self) -> Option<&str> {
         self.properties.message_id().as_ref().map(|s| s.as_str())
     }

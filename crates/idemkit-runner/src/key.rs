@@ -6,6 +6,14 @@ use idemkit_core::{Key, KeyError};
 /// What names the effect a message asks for: a key function `Fn(&M) -> Result<Key,
 /// KeyError>` ([`ProcessorBuilder::key`](crate::ProcessorBuilder::key)), or, when none is
 /// given (`()`), the message's dedupe id ([`DedupeId`]).
+///
+/// ```
+/// use idemkit_core::{Key, KeyError};
+/// use idemkit_runner::KeyOf;
+/// let invoice = |order: &String| -> Result<Key, KeyError> { Key::compose([order.as_str(), "invoice"]) };
+/// assert_eq!(invoice.key_of(&"order-9".to_string())?.as_str(), "order-9.invoice");
+/// # Ok::<(), KeyError>(())
+/// ```
 pub trait KeyOf<M> {
     /// The effect key `message` names, or why it names none (the runner dead-letters it).
     fn key_of(&self, message: &M) -> Result<Key, KeyError>;
