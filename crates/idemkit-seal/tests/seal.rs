@@ -174,11 +174,26 @@ async fn hashed_keys_leave_no_key_text_in_redis() {
     // What Redis holds: names and values, none with the key's or the result's text.
     let client = redis::Client::open(url.as_str()).unwrap();
     let mut c = client.get_multiplexed_async_connection().await.unwrap();
-    let names: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}*"))
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    // SCAN, not KEYS: on a shared server holding many keys one KEYS outlasts the client's
+    // response timeout (a fresh-clone run met a million benchmark keys there).
+    let mut names: Vec<String> = Vec::new();
+    let mut cursor = 0u64;
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        names.extend(batch);
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
     assert!(!names.is_empty());
     for name in &names {
         assert!(!name.contains("user-42"), "{name}");
