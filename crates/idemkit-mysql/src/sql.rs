@@ -102,10 +102,11 @@ impl Statements {
                     take("expires_us"),
                 )
             },
-            // A live row as `begin` meets it, with its lease left and age in µs.
+            // A live row as `begin` meets it, with its lease left and age in µs, and its
+            // holder (what a refused duplicate is told of the process running the original).
             read: format!(
                 "SELECT version, state, owner, fencing, fingerprint, kind, result, \
-                   expires_us - {NOW}, {NOW} - created_us \
+                   expires_us - {NOW}, {NOW} - created_us, holder \
                  FROM {t} WHERE `key` = ? AND {live}"
             ),
             renew: format!(

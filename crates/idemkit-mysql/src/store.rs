@@ -396,7 +396,9 @@ impl MySqlStore {
         let left_us: i64 = row.try_get(7).map_err(get)?;
         let held_us: i64 = row.try_get(8).map_err(get)?;
         let checked = columns(row, 0).map_err(get)?.check(req.key)?;
-        Ok(checked.claim(req, duration_us(left_us), duration_us(held_us)))
+        let block: Option<Vec<u8>> = row.try_get(9).map_err(get)?;
+        let holder = idemkit_sql::row::holder(block.as_deref(), req.key)?;
+        Ok(checked.claim(req, duration_us(left_us), duration_us(held_us), holder))
     }
 }
 

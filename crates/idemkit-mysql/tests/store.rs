@@ -223,3 +223,46 @@ async fn a_scan_skips_released_rows_and_pages_past_them() {
     assert_eq!(listed, vec![live.to_string()]);
     assert!(store.table_bytes().await.unwrap() > 0);
 }
+
+/// Another's reservation whose holder column is not a holder block: a duplicate's `begin`
+/// reads that column (to point to the original) and says `Corrupt`, as `get` does; the row
+/// is left as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_column_that_is_not_a_holder_is_corrupt() {
+    let Some(store) = support::store().await else {
+        return;
+    };
+    let key = idemkit_test::unique_key("bad-holder");
+    let lease = Duration::from_secs(30);
+    let holder = std::sync::Arc::new(idemkit_core::record::Holder::new("host-a", 7, "original"));
+    let original = BeginRequest::new(&key, OwnerToken::random(), lease);
+    assert!(matches!(
+        store
+            .begin(&original.with_holder(Some(&holder)))
+            .await
+            .unwrap(),
+        Claim::Reserved { .. }
+    ));
+    // Well formed, the duplicate is told who holds the key.
+    let duplicate = BeginRequest::new(&key, OwnerToken::random(), lease);
+    match store.begin(&duplicate).await.unwrap() {
+        Claim::InFlight {
+            holder: Some(h), ..
+        } => assert_eq!(*h, *holder),
+        other => panic!("expected in flight with its holder, got {other:?}"),
+    }
+    sqlx::query("UPDATE idemkit_test_records SET holder = ? WHERE `key` = ?")
+        .bind(vec![9u8; 5])
+        .bind(key.as_str().as_bytes())
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let e = store.begin(&duplicate).await.unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Corrupt, "{e}");
+    assert!(e.to_string().contains("holder"), "{e}");
+    assert_eq!(
+        store.get(&key).await.unwrap_err().kind(),
+        StoreErrorKind::Corrupt
+    );
+    assert!(store.purge(&key).await.unwrap());
+}

@@ -80,7 +80,7 @@ impl Statements {
             begin: format!(
                 "WITH c AS (SELECT clock_timestamp() AS now), \
                  cur AS ( \
-                   SELECT version, state, owner, fencing, fingerprint, kind, result, created_at, expires_at \
+                   SELECT version, state, owner, fencing, fingerprint, kind, result, created_at, expires_at, holder \
                    FROM {t} WHERE key = $1 \
                  ), \
                  ins AS ( \
@@ -95,12 +95,12 @@ impl Statements {
                    RETURNING r.fencing \
                  ) \
                  SELECT true, 1::int2, 1::int2, NULL::bytea, ins.fencing, NULL::bytea, NULL::int2, NULL::bytea, \
-                   0::int8, 0::int8, coalesce((SELECT cur.state = 1 FROM cur), false) \
+                   0::int8, 0::int8, coalesce((SELECT cur.state = 1 FROM cur), false), NULL::bytea \
                  FROM ins \
                  UNION ALL \
                  SELECT false, cur.version, cur.state, cur.owner, cur.fencing, cur.fingerprint, cur.kind, cur.result, \
                    (extract(epoch FROM cur.expires_at - c.now) * 1000000)::int8, \
-                   (extract(epoch FROM c.now - cur.created_at) * 1000000)::int8, false \
+                   (extract(epoch FROM c.now - cur.created_at) * 1000000)::int8, false, cur.holder \
                  FROM cur, c WHERE cur.expires_at > c.now AND NOT EXISTS (SELECT 1 FROM ins)"
             ),
             // `begin` when the key is probably live (most calls replay, `PgStore::begin`): the
@@ -109,7 +109,7 @@ impl Statements {
             begin_read: format!(
                 "SELECT false, version, state, owner, fencing, fingerprint, kind, result, \
                    (extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::int8, \
-                   (extract(epoch FROM clock_timestamp() - created_at) * 1000000)::int8, false \
+                   (extract(epoch FROM clock_timestamp() - created_at) * 1000000)::int8, false, holder \
                  FROM {t} WHERE key = $1 AND expires_at > clock_timestamp()"
             ),
             // `begin` when the key is probably absent (most calls are first deliveries): a plain
@@ -123,7 +123,7 @@ impl Statements {
                  FROM (SELECT clock_timestamp() AS now) c \
                  ON CONFLICT (key) DO NOTHING \
                  RETURNING true, 1::int2, 1::int2, NULL::bytea, r.fencing, NULL::bytea, NULL::int2, NULL::bytea, \
-                   0::int8, 0::int8, false"
+                   0::int8, 0::int8, false, NULL::bytea"
             ),
             // `begin` for a batch of distinct keys ($1 keys, $2 owners, $3 leases, $4
             // fingerprints, $5 holders): the same decision per key, one statement. Rows come back keyed (the
@@ -136,7 +136,7 @@ impl Statements {
                  req AS (SELECT * FROM unnest($1::text[], $2::bytea[], $3::int8[], $4::bytea[], $5::bytea[]) AS q(k, o, l, f, h)), \
                  cur AS ( \
                    SELECT t.key, t.version, t.state, t.owner, t.fencing, t.fingerprint, t.kind, t.result, \
-                     t.created_at, t.expires_at \
+                     t.created_at, t.expires_at, t.holder \
                    FROM {t} t WHERE t.key = ANY($1::text[]) \
                  ), \
                  ins AS ( \
@@ -152,12 +152,12 @@ impl Statements {
                    RETURNING r.key, r.fencing \
                  ) \
                  SELECT ins.key, true, 1::int2, 1::int2, NULL::bytea, ins.fencing, NULL::bytea, NULL::int2, NULL::bytea, \
-                   0::int8, 0::int8, coalesce((SELECT cur.state = 1 FROM cur WHERE cur.key = ins.key), false) \
+                   0::int8, 0::int8, coalesce((SELECT cur.state = 1 FROM cur WHERE cur.key = ins.key), false), NULL::bytea \
                  FROM ins \
                  UNION ALL \
                  SELECT cur.key, false, cur.version, cur.state, cur.owner, cur.fencing, cur.fingerprint, cur.kind, cur.result, \
                    (extract(epoch FROM cur.expires_at - c.now) * 1000000)::int8, \
-                   (extract(epoch FROM c.now - cur.created_at) * 1000000)::int8, false \
+                   (extract(epoch FROM c.now - cur.created_at) * 1000000)::int8, false, cur.holder \
                  FROM cur, c WHERE cur.expires_at > c.now AND NOT EXISTS (SELECT 1 FROM ins WHERE ins.key = cur.key)"
             ),
             renew: format!(

@@ -372,7 +372,9 @@ impl PgStore {
         let checked = crate::errors::columns(row, at + 1)
             .map_err(get)?
             .check(req.key)?;
-        Ok(checked.claim(req, duration_us(left_us), duration_us(held_us)))
+        let block: Option<Vec<u8>> = row.try_get(at + 11).map_err(get)?;
+        let holder = idemkit_sql::row::holder(block.as_deref(), req.key)?;
+        Ok(checked.claim(req, duration_us(left_us), duration_us(held_us), holder))
     }
 }
 

@@ -181,9 +181,9 @@ async fn foreign_rows_are_corrupt_not_a_panic() {
         return;
     };
     let insert = "INSERT INTO idemkit_test.records \
-        (key, version, state, owner, fencing, fingerprint, created_at, expires_at, kind, result) \
-        VALUES ($1, $2, $3, $4, $5, $6, now(), now() + interval '1 hour', $7, $8)";
-    // version, state, owner, fencing, fingerprint, kind, result
+        (key, version, state, owner, fencing, fingerprint, created_at, expires_at, kind, result, holder) \
+        VALUES ($1, $2, $3, $4, $5, $6, now(), now() + interval '1 hour', $7, $8, $9)";
+    // version, state, owner, fencing, fingerprint, kind, result, holder
     type Columns = (
         i16,
         i16,
@@ -192,17 +192,21 @@ async fn foreign_rows_are_corrupt_not_a_panic() {
         Option<Vec<u8>>,
         Option<i16>,
         Option<Vec<u8>>,
+        Option<Vec<u8>>,
     );
     let rows: &[Columns] = &[
-        (2, 1, vec![1; 16], 1, None, None, None), // a future version
-        (1, 9, vec![1; 16], 1, None, None, None), // an unknown state
-        (1, 1, vec![1; 3], 1, None, None, None),  // a short owner
-        (1, 1, vec![1; 16], -5, None, None, None), // a negative fencing token
-        (1, 1, vec![1; 16], 1, Some(vec![0; 2]), None, None), // a short fingerprint
-        (1, 2, vec![1; 16], 1, None, Some(7), Some(vec![1])), // an unknown result kind
-        (1, 2, vec![1; 16], 1, None, Some(1), None), // completed without a result
+        (2, 1, vec![1; 16], 1, None, None, None, None), // a future version
+        (1, 9, vec![1; 16], 1, None, None, None, None), // an unknown state
+        (1, 1, vec![1; 3], 1, None, None, None, None),  // a short owner
+        (1, 1, vec![1; 16], -5, None, None, None, None), // a negative fencing token
+        (1, 1, vec![1; 16], 1, Some(vec![0; 2]), None, None, None), // a short fingerprint
+        (1, 2, vec![1; 16], 1, None, Some(7), Some(vec![1]), None), // an unknown result kind
+        (1, 2, vec![1; 16], 1, None, Some(1), None, None), // completed without a result
+        // Another's reservation whose holder column is not a holder block: the refused
+        // duplicate's `begin` reads it (to point to the original) and says `Corrupt`.
+        (1, 1, vec![1; 16], 1, None, None, None, Some(vec![9; 5])),
     ];
-    for (version, state, owner, fencing, fp, kind, result) in rows {
+    for (version, state, owner, fencing, fp, kind, result, holder) in rows {
         let k = key("foreign");
         sqlx::query(insert)
             .bind(k.as_str())
@@ -213,6 +217,7 @@ async fn foreign_rows_are_corrupt_not_a_panic() {
             .bind(fp)
             .bind(kind)
             .bind(result)
+            .bind(holder)
             .execute(store.pool())
             .await
             .unwrap();

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 import idemkit
 from idemkit.asgi import PROBLEM_DOCS, IdempotencyInfo, IdempotencyMiddleware, final_by_default
-from conftest import redis_store, unique
+from conftest import make_store, redis_store, unique
 
 
 def tenant(scope):
@@ -190,9 +190,9 @@ async def test_a_409_points_to_the_original_request(show):
         assert (await first).status_code == 201
 
 
-async def test_a_rejected_duplicate_is_told_the_original_attempt_and_holder():
-    # The Python API's InProgress carries the same pointer.
-    store = idemkit.MemoryStore()
+async def test_a_rejected_duplicate_is_told_the_original_attempt_and_holder(store_kind):
+    # The Python API's InProgress carries the same pointer, on every store.
+    store = await make_store(store_kind)
     original = idemkit.Coordinator(store, holder_name="billing-worker")
     duplicate = idemkit.Coordinator(store, holder_name="other-worker")
     gate, started = asyncio.Event(), asyncio.Event()
@@ -204,10 +204,11 @@ async def test_a_rejected_duplicate_is_told_the_original_attempt_and_holder():
         await gate.wait()
         return "em_1"
 
-    running = asyncio.ensure_future(original.call("mail.invoice", "order-9.invoice").run(send))
+    key = unique("order-9.invoice")
+    running = asyncio.ensure_future(original.call("mail.invoice", key).run(send))
     await asyncio.wait_for(started.wait(), 10)
     with pytest.raises(idemkit.InProgress) as refused:
-        await duplicate.call("mail.invoice", "order-9.invoice", in_flight="reject").run(lambda attempt: "em_2")
+        await duplicate.call("mail.invoice", key, in_flight="reject").run(lambda attempt: "em_2")
     assert refused.value.attempt == tokens[0]
     assert refused.value.holder == idemkit.Holder(socket.gethostname()[:64], os.getpid(), "billing-worker")
     assert refused.value.lease_left > 0

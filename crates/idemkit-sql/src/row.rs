@@ -13,7 +13,7 @@ use bytes::Bytes;
 use idemkit_core::Fingerprint;
 use idemkit_core::StorageKey;
 use idemkit_core::record::{
-    FencingToken, Holder, OwnerToken, Record, RecordState, ResultKind, StoredResult,
+    FencingToken, Holder, OwnerToken, Record, RecordState, ResultKind, SharedHolder, StoredResult,
 };
 use idemkit_core::store::{BeginRequest, Claim, Ownership, Replay, StoreError};
 
@@ -176,8 +176,14 @@ impl Columns {
 impl Checked {
     /// The claim a `begin` that met this live row answers: a replay, a mismatch, the caller's
     /// own reservation (asked for twice), or another owner's in flight (`left` of its lease,
-    /// `held` since it was reserved).
-    pub fn claim(self, req: &BeginRequest<'_>, left: Duration, held: Duration) -> Claim {
+    /// `held` since it was reserved, `holder` from its holder column: [`holder`]).
+    pub fn claim(
+        self,
+        req: &BeginRequest<'_>,
+        left: Duration,
+        held: Duration,
+        holder: Option<SharedHolder>,
+    ) -> Claim {
         match self {
             Checked::Reserved { fingerprint, .. } | Checked::Completed { fingerprint, .. }
                 if fingerprint != req.fingerprint =>
@@ -191,14 +197,12 @@ impl Checked {
                 ownership: Ownership::new(owner, fencing),
                 took_over: false,
             },
-            // The begin statements do not read the holder column (documented on
-            // `Claim::InFlight`): a rejected duplicate gets the original's attempt, not its
-            // holder.
+            // A rejected duplicate is told the original's attempt and the process running it.
             Checked::Reserved { fencing, .. } => Claim::InFlight {
                 retry_after: left,
                 fencing,
                 held_for: Some(held),
-                holder: None,
+                holder,
             },
         }
     }
@@ -239,21 +243,36 @@ pub fn with_holder(
     block: Option<&[u8]>,
     key: &StorageKey,
 ) -> Result<Record, StoreError> {
-    if let Some(block) = block {
-        let (h, lease, rest) = Holder::from_block(block)
-            .ok()
-            .filter(|(_, _, rest)| rest.is_empty())
-            .ok_or_else(|| {
-                StoreError::corrupt(format!(
-                    "the row under {:?} has a holder column that is not a holder",
-                    key.as_str()
-                ))
-            })?;
-        let _ = rest;
+    if let Some((h, lease)) = holder_block(block, key)? {
         record.holder = Some(std::sync::Arc::new(h));
         record.lease_ms = Some(lease);
     }
     Ok(record)
+}
+
+/// The holder a holder column names (`None` for `NULL`), for [`Checked::claim`]; bytes that
+/// are not one holder block are `Corrupt`, as when the row is read whole.
+pub fn holder(block: Option<&[u8]>, key: &StorageKey) -> Result<Option<SharedHolder>, StoreError> {
+    Ok(holder_block(block, key)?.map(|(h, _)| std::sync::Arc::new(h)))
+}
+
+fn holder_block(
+    block: Option<&[u8]>,
+    key: &StorageKey,
+) -> Result<Option<(Holder, u64)>, StoreError> {
+    let Some(block) = block else {
+        return Ok(None);
+    };
+    Holder::from_block(block)
+        .ok()
+        .filter(|(_, _, rest)| rest.is_empty())
+        .map(|(h, lease, _)| Some((h, lease)))
+        .ok_or_else(|| {
+            StoreError::corrupt(format!(
+                "the row under {:?} has a holder column that is not a holder",
+                key.as_str()
+            ))
+        })
 }
 
 #[cfg(test)]

@@ -309,10 +309,12 @@ pub enum Claim {
         fencing: FencingToken,
         /// How long that owner has held the key, by the store's clock, if the store knows.
         held_for: Option<Duration>,
-        /// The process holding it, as its reservation records it ([`Record::holder`]), where
-        /// the store reads it with the claim: the [`MemoryStore`](crate::MemoryStore) and
-        /// Redis do; PostgreSQL and MySQL answer `None` (their `begin` does not read the
-        /// holder column; `idemkit inspect` shows it).
+        /// The process holding it, as its reservation records it ([`Record::holder`]):
+        /// every store of this workspace reads it with the claim (the
+        /// [`MemoryStore`](crate::MemoryStore), Redis, PostgreSQL, MySQL); `None` when that
+        /// reservation was made without one (a coordinator built
+        /// [`without_holder`](crate::Coordinator::without_holder)) or by a store that does
+        /// not keep holders.
         ///
         /// [`Record::holder`]: crate::Record::holder
         holder: Option<SharedHolder>,

@@ -37,8 +37,8 @@ class InProgress(IdemkitError):
     handler answers 409 with ``Retry-After``. The error points to the original: ``attempt`` is
     its id (its reservation's fencing token, the same for as long as it runs: what
     ``idemkit inspect`` and the log's ``fencing`` show), ``holder`` the process running it
-    (a ``Holder``: host, pid, name) where the store reports it (the in-memory store and Redis;
-    not PostgreSQL or MySQL), ``lease_left`` the seconds left on its lease. Built as
+    (a ``Holder``: host, pid, name; every store reports it, ``None`` only for a reservation
+    made without one), ``lease_left`` the seconds left on its lease. Built as
     ``InProgress(message, retry_after=...)``, or as idempotency-kit builds its
     ``IdempotencyInProgressError``: ``(operation, key)``.
     """

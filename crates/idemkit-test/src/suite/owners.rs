@@ -307,9 +307,8 @@ pub async fn a_completion_keeps_the_reservation_it_completes<H: Harness>(h: &H) 
 }
 
 /// A claim that finds another owner's live reservation points to it (issue 52): its fencing
-/// token (the original attempt's id), and its holder if the store reports one, which must
-/// then be the holder that reservation was made with, never another's; `begin_many` the
-/// same. A store may report no holder (the SQL stores' `begin` does not read it).
+/// token (the original attempt's id) and its holder, the one that reservation was made
+/// with, never the asking call's; `begin_many` the same.
 pub async fn an_in_flight_claim_points_to_the_original<H: Harness>(h: &H) {
     use idemkit_core::record::Holder;
     use std::sync::Arc;
@@ -323,9 +322,8 @@ pub async fn an_in_flight_claim_points_to_the_original<H: Harness>(h: &H) {
             fencing, holder: h, ..
         } => {
             assert_eq!(fencing, original.fencing, "{what}: the original's attempt");
-            if let Some(h) = h {
-                assert_eq!(*h, *holder, "{what}: another holder than the original's");
-            }
+            let h = h.unwrap_or_else(|| panic!("{what}: no holder reported"));
+            assert_eq!(*h, *holder, "{what}: another holder than the original's");
         }
         other => panic!("{what}: expected in flight, got {other:?}"),
     };
