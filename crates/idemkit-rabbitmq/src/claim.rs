@@ -1,25 +1,24 @@
 //! The deliveries the channel holds at once, claimed together: one `begin_many` for the
-//! prefetch window's messages that found a free handler slot
-//! (`idemkit_runner::handle_together`, as the JetStream runner does).
+//! prefetch window's messages the runner had tickets for, then each handled as soon as a
+//! handler is free (`idemkit_runner::handle_together`, as the JetStream runner does).
 
 use std::sync::Arc;
 
 use idemkit_core::Store;
-use idemkit_runner::{Handle, HandlerSlot, handle_together};
+use idemkit_runner::{Handle, Ticket, Turn, handle_together};
 use lapin::message::Delivery;
-use tokio::sync::OwnedSemaphorePermit;
 use tokio::task::JoinSet;
 
 use crate::{Message, Session, Shared, handle};
 
-/// Starts the handling of `batch` (deliveries in the order received, each with its handler
-/// slot), in one task: claimed together when there are several, each then in a task of its
-/// own.
+/// Starts the handling of `batch` (deliveries in the order received, each with its ticket),
+/// in one task: claimed together when there are several (or every handler is busy), each
+/// then in a task of its own.
 pub(crate) fn dispatch<S, K, H>(
     tasks: &mut JoinSet<()>,
     shared: &Arc<Shared<S, K, H>>,
     session: &Arc<Session>,
-    batch: Vec<(Delivery, OwnedSemaphorePermit)>,
+    batch: Vec<(Delivery, Ticket)>,
 ) where
     S: Store + Send + Sync + 'static,
     K: idemkit_runner::KeyOf<Message> + Send + Sync + 'static,
@@ -29,18 +28,23 @@ pub(crate) fn dispatch<S, K, H>(
     tasks.spawn(async move {
         let batch = batch
             .into_iter()
-            .map(|(delivery, slot)| {
+            .map(|(delivery, ticket)| {
                 let (message, acker) = Message::split(delivery);
-                (message, (acker, slot))
+                (message, acker, ticket)
             })
             .collect();
         let each = {
             let shared = shared.clone();
-            move |message, (acker, slot), claim| {
+            move |message, acker: lapin::Acker, claim, turn: Turn| {
                 let (shared, session) = (shared.clone(), session.clone());
                 async move {
+                    // Shutting down before it found a handler: not started, back to the
+                    // queue at once (its claim is released as it drops).
+                    let Some(slot) = turn.slot().await else {
+                        let _ = acker.nack(crate::requeue()).await;
+                        return;
+                    };
                     // The slot goes with the handler's value, or with the settlement.
-                    let slot = HandlerSlot::new(slot);
                     handle(&shared, &session, message, acker, claim, || {
                         slot.give_back()
                     })
@@ -49,6 +53,6 @@ pub(crate) fn dispatch<S, K, H>(
                 }
             }
         };
-        handle_together(shared.settler.processor(), batch, each).await;
+        handle_together(shared.settler.processor(), &shared.slots, batch, each).await;
     });
 }

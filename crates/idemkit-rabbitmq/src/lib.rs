@@ -28,15 +28,20 @@
 //!   gone (the broker requeues it). Set `x-delivery-limit` above one only as the last resort
 //!   against a message that crashes its worker every time.
 //! - **Concurrency and prefetch.** Up to [`concurrency`](RabbitRunner::concurrency)
-//!   handlers run at once (16 by default); the channel's prefetch
-//!   ([`prefetch`](RabbitRunner::prefetch), by default the same number) bounds how many
-//!   unacknowledged messages the broker hands this runner. A handler that returned a value
-//!   gives its place to the next message while its result is stored and its message acked.
-//! - **Batch claims.** The deliveries the channel holds at once, as far as handler places
-//!   are free, are claimed together: their keys reserved in one store round trip
-//!   (`Store::begin_many`), as the Kafka runner claims a partition's batch; then each is
-//!   handled at once, in a task of its own, under the same lease rules as a single call. A
-//!   delivery that comes alone is handled as before (no added latency).
+//!   handlers run at once (16 by default), and the runner holds at most twice as many
+//!   deliveries; the channel's prefetch ([`prefetch`](RabbitRunner::prefetch), by default
+//!   twice the concurrency) bounds how many unacknowledged messages the broker hands it. A
+//!   handler that returned a value gives its place to the next message while its result is
+//!   stored and its message acked.
+//! - **Batch claims, ahead of the handlers.** The deliveries the channel holds at once, as
+//!   far as the runner may hold more, are claimed together: their keys reserved in one
+//!   store round trip (`Store::begin_many`), as the Kafka runner claims a partition's
+//!   batch; then each runs in a task of its own as soon as a handler is free, in order.
+//!   The claim's round trip overlaps the running handlers instead of delaying the next
+//!   one; a claim that waited longer than a renewal interval is confirmed before its handler
+//!   runs (the same lease rules as a single call). A delivery that comes alone while a
+//!   handler is free is handled as before (its call reserves its key). At shutdown,
+//!   deliveries still waiting for a handler are not started: nacked back to the queue.
 //! - **A redelivery of a message that is still running** (another worker's, whose channel
 //!   the broker closed) finds the key reserved and waits for the owner's result, woken by
 //!   the store's push, then acks with the replayed receipt; the owner's own ack fails, which
@@ -100,7 +105,7 @@ use std::time::Duration;
 
 use futures_util::{FutureExt as _, StreamExt as _};
 use idemkit_core::Store;
-use idemkit_runner::{Settler, Transport};
+use idemkit_runner::{HandlerSlots, Settler, Transport};
 /// The AMQP client this crate is built on, so an application declares its queues with the
 /// same version as the runner without naming it in its manifest.
 pub use lapin;
@@ -110,7 +115,6 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::{Acker, Channel, Connection, ConnectionProperties};
-use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::dead_letter::{DeadLetter, Publisher};
@@ -166,6 +170,8 @@ struct Shared<S, K, H: Handle<Message>> {
     dead_letter: Option<DeadLetter>,
     /// Set when the runner shuts down: retries in process stop.
     stopping: AtomicBool,
+    /// The handlers, and the deliveries held for them.
+    slots: HandlerSlots,
 }
 
 /// One connection and the channel a consumer runs on. Every delivery's task holds it, so
@@ -291,9 +297,10 @@ where
     }
 
     /// The channel's prefetch: how many unacknowledged messages the broker hands this
-    /// runner at once (by default the concurrency; at least the concurrency). A larger one
-    /// lets the next messages wait in the runner while results are stored and acked; each
-    /// waits with the broker's `consumer_timeout` running.
+    /// runner at once (by default twice the concurrency; at least the concurrency). Beyond
+    /// the running handlers, the next messages have their keys claimed while they wait for
+    /// a handler, and earlier ones have their results stored and are acked; each waits with
+    /// the broker's `consumer_timeout` running.
     pub fn prefetch(mut self, n: u16) -> Self {
         self.prefetch = Some(n);
         self
@@ -342,18 +349,20 @@ where
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), RunnerError> {
         let prefetch = self
             .prefetch
-            .unwrap_or(self.concurrency)
+            .unwrap_or(self.concurrency.saturating_mul(2))
             .max(self.concurrency);
         let shared = Arc::new(Shared {
             settler: self.settler,
             queue: self.queue,
             dead_letter: self.dead_letter,
             stopping: AtomicBool::new(false),
+            slots: HandlerSlots::new(usize::from(self.concurrency)),
         });
-        // A handler's slot: held while it runs and while it is retried in process; given
-        // back once it returned a value (its result then goes to the store and the message
-        // is acked while the next handler runs), or when its message is settled otherwise.
-        let slots = Arc::new(Semaphore::new(usize::from(self.concurrency)));
+        // A message's ticket: taken before it is received, given back with its handler
+        // slot once the handler returned a value (its result then goes to the store and the
+        // message is acked while the next handler runs), or when it is settled otherwise;
+        // twice as many tickets as handlers, so the keys of the next deliveries are claimed
+        // while the handlers run (the prefetch is at least as large by default).
         let mut tasks = JoinSet::new();
         tokio::pin!(shutdown);
         let mut first = true;
@@ -386,10 +395,10 @@ where
             let session = Arc::new(session);
             last = Some(session.clone());
             loop {
-                let slot = tokio::select! {
+                let ticket = tokio::select! {
                     biased;
                     () = &mut shutdown => break 'connect,
-                    slot = slots.clone().acquire_owned() => slot.expect("never closed"),
+                    ticket = shared.slots.enter() => ticket.expect("closed only below"),
                 };
                 let delivery = tokio::select! {
                     biased;
@@ -403,13 +412,13 @@ where
                         break;
                     }
                 };
-                // What else the channel has already delivered, as far as handler slots are
-                // free (the prefetch window): claimed with it in one `begin_many`.
-                let mut batch = vec![(delivery, slot)];
+                // What else the channel has already delivered, as far as tickets are left
+                // (the prefetch window): claimed with it in one `begin_many`.
+                let mut batch = vec![(delivery, ticket)];
                 let mut end = None;
-                while let Ok(slot) = slots.clone().try_acquire_owned() {
+                while let Some(ticket) = shared.slots.try_enter() {
                     match consumer.next().now_or_never() {
-                        Some(Some(Ok(delivery))) => batch.push((delivery, slot)),
+                        Some(Some(Ok(delivery))) => batch.push((delivery, ticket)),
                         Some(other) => {
                             end = Some(other);
                             break;
@@ -437,6 +446,9 @@ where
         // retries in process stop (their messages go back to the queue); running handlers
         // finish, settle and ack on their own channel, which then closes.
         shared.stopping.store(true, Ordering::SeqCst);
+        // Deliveries waiting for a handler are not started: unacked, they go back to the
+        // queue when the channel closes.
+        shared.slots.close();
         while tasks.join_next().await.is_some() {}
         // Closed with the protocol's handshake before `run` returns: the broker has then
         // processed every ack sent before the close. Dropped instead, a process that exits
@@ -623,7 +635,7 @@ pub(crate) async fn handle<S, K, H>(
     }
 }
 
-fn requeue() -> BasicNackOptions {
+pub(crate) fn requeue() -> BasicNackOptions {
     BasicNackOptions {
         requeue: true,
         ..BasicNackOptions::default()

@@ -85,4 +85,4 @@ pub use key::{DedupeId, KeyOf};
 pub use processor::{Processed, Processor, ProcessorBuilder};
 pub use settle::{Final, Settled, Settler, Transport};
 pub use settlement::{RetryPolicy, Settlement};
-pub use slot::HandlerSlot;
+pub use slot::{HandlerSlot, HandlerSlots, Ticket, Turn};

@@ -313,7 +313,7 @@ pub enum Claim {
         /// every store of this workspace reads it with the claim (the
         /// [`MemoryStore`](crate::MemoryStore), Redis, PostgreSQL, MySQL); `None` when that
         /// reservation was made without one (a coordinator built
-        /// [`without_holder`](crate::Coordinator::without_holder)) or by a store that does
+        /// [`without_holder`](crate::CoordinatorBuilder::without_holder)) or by a store that does
         /// not keep holders.
         ///
         /// [`Record::holder`]: crate::Record::holder
