@@ -310,3 +310,88 @@ async fn queued_completions_store_each_result_and_refuse_a_stale_owner() {
         }
     }
 }
+
+/// A row lock held by another transaction stalls only its own key's call, not the batch it
+/// was queued with: the batch's statement gives up on the lock after its bound (one second),
+/// every caller of the batch sends its call alone, the fresh keys are reserved, and the
+/// locked key's own statement waits for the lock (the server's usual wait), then takes the
+/// expired reservation over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_lock_stalls_only_its_own_key_not_the_batch() {
+    let Some(shared) = support::store().await else {
+        return;
+    };
+    let look = shared.pool().clone();
+    // Four connections, so the locked key's lone statement, waiting on the lock, leaves
+    // the fresh keys' lone statements the others.
+    let four = MySqlPoolOptions::new()
+        .max_connections(4)
+        .test_before_acquire(false)
+        .connect(&support::url())
+        .await
+        .unwrap();
+    let store = MySqlStore::builder()
+        .table(TABLE)
+        .recheck(Duration::from_secs(60))
+        .build(four.clone())
+        .unwrap();
+    // An expired reservation of the locked key, locked by a transaction of its own.
+    let locked = idemkit_test::unique_key("row-lock-locked");
+    reserved(
+        shared
+            .begin(&BeginRequest::new(
+                &locked,
+                OwnerToken::random(),
+                Duration::from_millis(1),
+            ))
+            .await,
+    );
+    let mut holder = look.begin().await.unwrap();
+    loop {
+        let expired: i64 = sqlx::query_scalar(&format!(
+            "SELECT CAST(expires_us <= {now} AS SIGNED) FROM {TABLE} WHERE `key` = ? FOR UPDATE",
+            now = "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)"
+        ))
+        .bind(locked.as_str())
+        .fetch_one(&mut *holder)
+        .await
+        .unwrap();
+        if expired == 1 {
+            break;
+        }
+    }
+    // Every connection of the store's pool held: the first two calls take the two places
+    // and wait for one, the locked key and the rest queue for one batch.
+    let mut conns = Vec::new();
+    for _ in 0..4 {
+        conns.push(four.acquire().await.unwrap());
+    }
+    let fresh = keys("row-lock-fresh", 12);
+    let mut calls: Vec<_> = fresh[..2]
+        .iter()
+        .map(|k| spawn_begin(&store, k, OwnerToken::random()))
+        .collect();
+    settle().await;
+    let stalled = spawn_begin(&store, &locked, OwnerToken::random());
+    calls.extend(
+        fresh[2..]
+            .iter()
+            .map(|k| spawn_begin(&store, k, OwnerToken::random())),
+    );
+    settle().await;
+    drop(conns);
+    for (i, call) in calls.into_iter().enumerate() {
+        // A bound for a hang only: the batch gives up on the lock after one second.
+        let claim = tokio::time::timeout(Duration::from_secs(20), call)
+            .await
+            .unwrap_or_else(|_| panic!("fresh key {i} waited on another key's row lock"));
+        reserved(claim.unwrap());
+    }
+    assert!(
+        !stalled.is_finished(),
+        "the locked key's begin went past the lock"
+    );
+    holder.commit().await.unwrap();
+    // Its own call then takes the expired reservation over.
+    reserved(stalled.await.unwrap());
+}
