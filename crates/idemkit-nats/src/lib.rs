@@ -173,7 +173,8 @@ where
     }
 
     /// How many handlers run at once (16 by default); up to four times as many messages are
-    /// in the runner, those beyond it between their handler and their ack.
+    /// in the runner: at most as many again waiting for a handler (their keys claimed), the
+    /// rest between their handler and their ack.
     pub fn concurrency(mut self, n: usize) -> Self {
         self.concurrency = n.max(1);
         self

@@ -257,7 +257,8 @@ where
         self
     }
 
-    /// How many handlers run at once (16 by default, at least 1).
+    /// How many handlers run at once (16 by default, at least 1); the runner holds at most
+    /// twice as many deliveries, those beyond the running handlers claimed and waiting.
     pub fn concurrency(mut self, n: u16) -> Self {
         self.concurrency = n.max(1);
         self
