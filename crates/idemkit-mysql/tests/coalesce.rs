@@ -26,12 +26,7 @@ const TABLE: &str = "idemkit_test_records";
 async fn held(coalesce: bool) -> Option<(MySqlStore, PoolConnection<sqlx::MySql>, MySqlPool)> {
     // Migrated through the shared pool, so the one connection is free to be held.
     let look = support::store().await?.pool().clone();
-    let one = MySqlPoolOptions::new()
-        .max_connections(1)
-        .test_before_acquire(false)
-        .connect(&support::url())
-        .await
-        .unwrap();
+    let one = pool_of(1).await;
     let store = MySqlStore::builder()
         .table(TABLE)
         .recheck(Duration::from_secs(60))
@@ -40,6 +35,16 @@ async fn held(coalesce: bool) -> Option<(MySqlStore, PoolConnection<sqlx::MySql>
         .unwrap();
     let conn = one.acquire().await.unwrap();
     Some((store, conn, look))
+}
+
+/// A pool of its own with `n` connections, for the store under test.
+async fn pool_of(n: u32) -> MySqlPool {
+    MySqlPoolOptions::new()
+        .max_connections(n)
+        .test_before_acquire(false)
+        .connect(&support::url())
+        .await
+        .unwrap()
 }
 
 /// Lets the spawned calls reach their lane (they do no I/O before it).
@@ -324,12 +329,7 @@ async fn a_row_lock_stalls_only_its_own_key_not_the_batch() {
     let look = shared.pool().clone();
     // Four connections, so the locked key's lone statement, waiting on the lock, leaves
     // the fresh keys' lone statements the others.
-    let four = MySqlPoolOptions::new()
-        .max_connections(4)
-        .test_before_acquire(false)
-        .connect(&support::url())
-        .await
-        .unwrap();
+    let four = pool_of(4).await;
     let store = MySqlStore::builder()
         .table(TABLE)
         .recheck(Duration::from_secs(60))

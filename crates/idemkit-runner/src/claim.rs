@@ -220,6 +220,46 @@ mod tests {
         );
     }
 
+    /// A claim that waits past its whole lease behind a busy handler (paused time), while a
+    /// redelivery of its message takes the expired key and completes it: when its turn comes
+    /// the claim is confirmed first (row 31), finds the result and replays it; the handler
+    /// never runs a second time.
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_that_waited_past_its_lease_is_confirmed_before_its_handler_runs() {
+        let (gate, started, runs) = (Arc::default(), Arc::new(Notify::new()), Arc::default());
+        let p = runner(Arc::clone(&gate), started.clone(), Arc::clone(&runs));
+        let slots = HandlerSlots::new(1);
+        let slow = start(&p, &slots, "slow");
+        started.notified().await;
+        let waiting = start(&p, &slots, "next");
+        let store = p.coordinator().store().clone();
+        let key = stored(&p, "next");
+        until(
+            async || store.get(&key).await.unwrap().is_some(),
+            "the waiting message's key reserved",
+        )
+        .await;
+        // Far past any lease: the waiting claim's reservation has expired (the slow
+        // handler's own lease is renewed meanwhile).
+        tokio::time::advance(std::time::Duration::from_secs(600)).await;
+        assert!(
+            store.get(&key).await.unwrap().is_none(),
+            "the claim expired"
+        );
+        // A redelivery elsewhere takes the key and completes it.
+        let other = p.process(&"next".to_string(), 2).await;
+        assert_eq!(other.settlement, crate::Settlement::Ack);
+        assert_eq!(runs.load(Ordering::SeqCst), 2, "slow, and the redelivery");
+        gate.notify_one();
+        slow.await.unwrap();
+        waiting.await.unwrap();
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            2,
+            "the stale claim ran its handler beside the redelivery's result"
+        );
+    }
+
     #[tokio::test]
     async fn a_message_waiting_for_a_handler_at_shutdown_is_not_started_and_its_claim_released() {
         let (gate, started, runs) = (Arc::default(), Arc::new(Notify::new()), Arc::default());
