@@ -188,22 +188,59 @@ mod tests {
         panic!("never: {what}");
     }
 
-    #[tokio::test]
-    async fn a_message_that_finds_every_handler_busy_is_claimed_while_it_waits() {
+    /// One handler, held by a "slow" message until `gate`, and a second message `m` waiting
+    /// for it with its key claimed.
+    struct Busy {
+        p: Arc<Runner>,
+        gate: Arc<Notify>,
+        runs: Arc<AtomicU32>,
+        slots: HandlerSlots,
+        slow: tokio::task::JoinHandle<()>,
+        waiting: tokio::task::JoinHandle<()>,
+        store: MemoryStore,
+        key: StorageKey,
+    }
+
+    async fn busy(m: &str) -> Busy {
         let (gate, started, runs) = (Arc::default(), Arc::new(Notify::new()), Arc::default());
         let p = runner(Arc::clone(&gate), started.clone(), Arc::clone(&runs));
         let slots = HandlerSlots::new(1);
         let slow = start(&p, &slots, "slow");
         started.notified().await;
-        let next = start(&p, &slots, "next");
-        // Reserved before the handler is free: the claim overlaps the running handler.
+        let waiting = start(&p, &slots, m);
         let store = p.coordinator().store().clone();
-        let key = stored(&p, "next");
+        let key = stored(&p, m);
         until(
-            async || matches!(store.get(&key).await.unwrap(), Some(r) if r.state == RecordState::Reserved),
+            async || store.get(&key).await.unwrap().is_some(),
             "the waiting message's key reserved",
         )
         .await;
+        Busy {
+            p,
+            gate,
+            runs,
+            slots,
+            slow,
+            waiting,
+            store,
+            key,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_message_that_finds_every_handler_busy_is_claimed_while_it_waits() {
+        let Busy {
+            gate,
+            runs,
+            slow,
+            waiting: next,
+            store,
+            key,
+            ..
+        } = busy("next").await;
+        // Reserved before the handler is free: the claim overlaps the running handler.
+        let record = store.get(&key).await.unwrap().expect("reserved");
+        assert_eq!(record.state, RecordState::Reserved);
         assert_eq!(
             runs.load(Ordering::SeqCst),
             1,
@@ -226,19 +263,16 @@ mod tests {
     /// never runs a second time.
     #[tokio::test(start_paused = true)]
     async fn a_claim_that_waited_past_its_lease_is_confirmed_before_its_handler_runs() {
-        let (gate, started, runs) = (Arc::default(), Arc::new(Notify::new()), Arc::default());
-        let p = runner(Arc::clone(&gate), started.clone(), Arc::clone(&runs));
-        let slots = HandlerSlots::new(1);
-        let slow = start(&p, &slots, "slow");
-        started.notified().await;
-        let waiting = start(&p, &slots, "next");
-        let store = p.coordinator().store().clone();
-        let key = stored(&p, "next");
-        until(
-            async || store.get(&key).await.unwrap().is_some(),
-            "the waiting message's key reserved",
-        )
-        .await;
+        let Busy {
+            p,
+            gate,
+            runs,
+            slow,
+            waiting,
+            store,
+            key,
+            ..
+        } = busy("next").await;
         // Far past any lease: the waiting claim's reservation has expired (the slow
         // handler's own lease is renewed meanwhile).
         tokio::time::advance(std::time::Duration::from_secs(600)).await;
@@ -262,19 +296,16 @@ mod tests {
 
     #[tokio::test]
     async fn a_message_waiting_for_a_handler_at_shutdown_is_not_started_and_its_claim_released() {
-        let (gate, started, runs) = (Arc::default(), Arc::new(Notify::new()), Arc::default());
-        let p = runner(Arc::clone(&gate), started.clone(), Arc::clone(&runs));
-        let slots = HandlerSlots::new(1);
-        let slow = start(&p, &slots, "slow");
-        started.notified().await;
-        let waiting = start(&p, &slots, "waiting");
-        let store = p.coordinator().store().clone();
-        let key = stored(&p, "waiting");
-        until(
-            async || store.get(&key).await.unwrap().is_some(),
-            "the waiting message's key reserved",
-        )
-        .await;
+        let Busy {
+            gate,
+            runs,
+            slots,
+            slow,
+            waiting,
+            store,
+            key,
+            ..
+        } = busy("waiting").await;
         slots.close();
         // The waiting message's batch ends without starting it; its claim is released.
         waiting.await.unwrap();
