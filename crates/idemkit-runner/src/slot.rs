@@ -1,9 +1,8 @@
 //! A runner's handler slots. A message takes a [`Ticket`] before it is received (so the
 //! runner takes no more messages than it can hold: twice its handlers), its key is claimed,
 //! and it then waits for a free handler in its turn: the claim's round trip overlaps the
-//! handlers still running instead of delaying the next one (issue 51: a JetStream runner with
-//! a 1 ms handler went from 0.83× to 0.98× idempotency off). The slot, ticket and handler
-//! together, is given back as soon as the handler's value is there, or at the latest with
+//! handlers still running instead of delaying the next one (issue 51; the figures are in
+//! docs/benchmarks.md). The slot, ticket and handler together, is given back as soon as the handler's value is there, or at the latest with
 //! the message's settlement. A retry in place runs in the slot of its first try (review L5 of
 //! `aee2f71`: the slot went with the first try's end, and retries ran beside the handlers
 //! that took it). One type for every runner that bounds its handlers with a semaphore
