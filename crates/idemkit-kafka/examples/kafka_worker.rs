@@ -14,12 +14,14 @@
 //!
 //! The crash tests drive it as a child process, stopped at a named point with
 //! `idemkit_test::faults::stop_at` (the code has no hook of its own); `--unprotected` runs
-//! without idempotency, for comparison.
+//! without idempotency, for comparison; `--outputs <topic>` produces each result to a topic
+//! in the partition's Kafka transaction, committed with the input offsets
+//! (`KafkaRunner::transactional_output`).
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use idemkit::kafka::KafkaRunner;
+use idemkit::kafka::{KafkaRunner, Output};
 use idemkit::redis::RedisStore;
 use idemkit::runner::{Processor, Settlement};
 use idemkit::{Coordinator, Key, Operation};
@@ -122,6 +124,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 d.notify_one();
             }
         });
+    // `--outputs <topic>`: consume-transform-produce, each result's invoice produced to the
+    // topic in the partition's transaction, with the input offsets.
+    let runner = match opt("--outputs") {
+        Some(outputs) => runner.transactional_output(format!("{group}-tx"), move |m, receipt| {
+            vec![Output::new(outputs.clone(), receipt.value.clone()).key(order_of(m))]
+        }),
+        None => runner,
+    };
     runner
         .run(async move {
             tokio::select! {

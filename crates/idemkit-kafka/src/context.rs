@@ -51,6 +51,13 @@ impl Generations {
         *inner.by_partition.entry(tp).or_insert(0) += 1;
     }
 
+    /// Whether `tp` is still assigned to this member as it was at `generation` (its task's):
+    /// a shutdown leaves it so until the consumer closes, a revocation does not.
+    pub(crate) fn assigned(&self, tp: &(String, i32), generation: u64) -> bool {
+        let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        inner.by_partition.get(tp).copied().unwrap_or(0) == generation & u64::from(u32::MAX)
+    }
+
     pub(crate) fn revoke_all(&self) {
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         inner.epoch += 1 << 32;

@@ -190,6 +190,7 @@ pub struct KafkaRunner<S, K, H: Handle<OwnedMessage>> {
     on_unsettled: Option<UnsettledHook<H::Output>>,
     queue_depth: usize,
     batch: usize,
+    transactional: Option<Transactional<H::Output>>,
 }
 
 impl<S: fmt::Debug, K, H: Handle<OwnedMessage>> fmt::Debug for KafkaRunner<S, K, H> {
@@ -228,6 +229,7 @@ where
             on_unsettled: None,
             queue_depth: 256,
             batch: 64,
+            transactional: None,
         }
     }
 
@@ -295,6 +297,71 @@ where
         self
     }
 
+    /// Consume-transform-produce: each settled message's result (fresh or replayed) makes
+    /// `outputs`, produced in its partition's Kafka transaction, which commits them with the
+    /// partition's input offsets, a batch (at most [`batch`](Self::batch) messages) at a
+    /// time. A consumer reading the outputs with `isolation.level=read_committed`
+    /// (librdkafka's default) sees each committed once. The runner turns `enable.auto.commit`
+    /// off: offsets are committed by the transactions only.
+    ///
+    /// Each partition has a producer whose `transactional.id` is `{transactional_id}.{topic}.{partition}`
+    /// (the cluster settings taken from the consumer's, as for the dead-letter producer): the
+    /// partition's next owner, after a rebalance or a crash, opens the same id, which fences
+    /// the previous owner and aborts its open transaction. Give each application (consumer
+    /// group) its own `transactional_id`.
+    ///
+    /// The outputs are made from the result, after the call, and not inside the action: an
+    /// aborted transaction takes its outputs away while the key's record stays completed,
+    /// so an output produced by the action would never be produced again (its redelivery
+    /// replays). The action keeps the external effects (an email, a charge) under the key.
+    /// A dead-lettered message has no outputs; its dead letter is produced outside the
+    /// transaction and acknowledged before the transaction commits its offset.
+    ///
+    /// A transaction that fails to commit while the partition is this member's stops the
+    /// runner with [`RunnerError::PartitionFailed`]; restarted, it consumes from the last
+    /// committed transaction (the results replay, the outputs are produced again). A
+    /// revocation or a shutdown aborts the open transaction: its messages are delivered
+    /// again. Keep `transaction.timeout.ms` (the broker's) above a batch's handling time.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// use idemkit_core::{Coordinator, Key, MemoryStore, Operation};
+    /// use idemkit_kafka::{KafkaRunner, Output, Processor, dedupe_headers, dedupe_key};
+    /// use rdkafka::ClientConfig;
+    ///
+    /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+    /// let processor = Processor::builder(Coordinator::new(MemoryStore::new()), Operation::new("invoice.issue")?)
+    ///     .key(dedupe_key)
+    ///     // The external effect, once under the key: the invoice number it got.
+    ///     .handler(|_m, _attempt| async move { Ok::<_, std::io::Error>("inv-1001".to_string()) });
+    /// let mut config = ClientConfig::new();
+    /// config.set("bootstrap.servers", "127.0.0.1:9092").set("group.id", "invoicing");
+    /// KafkaRunner::new(config, ["orders.paid"], processor)
+    ///     .transactional_output("invoicing", |m, receipt| {
+    ///         let id = dedupe_key(m).map(|k| k.as_str().to_string()).unwrap_or_default();
+    ///         vec![Output::new("invoices.issued", receipt.value.clone())
+    ///             .headers(dedupe_headers(None, &format!("{id}.issued")))]
+    ///     })
+    ///     .run(async { let _ = tokio::signal::ctrl_c().await; })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn transactional_output(
+        mut self,
+        transactional_id: impl Into<String>,
+        outputs: impl Fn(&OwnedMessage, &idemkit_core::Receipt<H::Output>) -> Vec<Output>
+        + Send
+        + Sync
+        + 'static,
+    ) -> Self {
+        self.transactional = Some(Transactional {
+            id: transactional_id.into(),
+            outputs: Arc::new(outputs),
+        });
+        self
+    }
+
     /// How many received messages of one partition may wait for its task (256 by default).
     /// When a partition's queue is full, that partition is paused until its task catches
     /// up; polling goes on for the others.
@@ -315,9 +382,18 @@ where
         if config.get("group.id").is_none() {
             return Err(RunnerError::Config("group.id"));
         }
+        let commits_by_transactions = self.transactional.is_some();
         config
             .set("enable.auto.offset.store", "false")
-            .set("enable.auto.commit", "true");
+            // With transactional output, the transactions commit the offsets.
+            .set(
+                "enable.auto.commit",
+                if commits_by_transactions {
+                    "false"
+                } else {
+                    "true"
+                },
+            );
         let revoked = Generations::default();
         let consumer: Arc<StreamConsumer<RunnerContext>> =
             Arc::new(config.create_with_context(RunnerContext {
@@ -328,29 +404,16 @@ where
         consumer.subscribe(&topics)?;
         let dead_letter = match &self.dead_letter {
             Some(topic) => {
-                let bootstrap = config
-                    .get("bootstrap.servers")
-                    .ok_or(RunnerError::Config("bootstrap.servers"))?;
-                let mut producer = ClientConfig::new();
-                producer.set("bootstrap.servers", bootstrap);
-                // The consumer's way into the cluster, so a TLS or SASL cluster takes the
-                // dead letters too (a producer without them would talk plain text and fail).
-                for (key, value) in config.config_map() {
-                    if key == "security.protocol"
-                        || key.starts_with("ssl.")
-                        || key.starts_with("ssl_")
-                        || key.starts_with("sasl.")
-                        || key == "client.dns.lookup"
-                    {
-                        producer.set(key, value);
-                    }
-                }
-                let producer: FutureProducer = producer.set("linger.ms", "0").create()?;
+                let producer: FutureProducer = cluster(&config)?.set("linger.ms", "0").create()?;
                 Some(DeadLetter {
                     producer,
                     topic: topic.clone(),
                 })
             }
+            None => None,
+        };
+        let transactional = match self.transactional {
+            Some(t) => Some((t, cluster(&config)?)),
             None => None,
         };
         let drained = Arc::new(tokio::sync::Notify::new());
@@ -362,6 +425,7 @@ where
             batch: self.batch,
             drained: drained.clone(),
             on_unsettled: self.on_unsettled,
+            transactional,
         });
 
         let mut partitions: HashMap<(String, i32), Partition> = HashMap::new();
@@ -456,14 +520,17 @@ where
             }
         }
         drop(shared);
-        // Commit what was stored, off the async threads (a broker round trip).
-        let closing = consumer.clone();
-        let committed = tokio::task::spawn_blocking(move || {
-            closing.commit_consumer_state(rdkafka::consumer::CommitMode::Sync)
-        })
-        .await;
-        if let Ok(Err(e)) = committed {
-            tracing::debug!(error = %e, "kafka runner: final commit");
+        // Commit what was stored, off the async threads (a broker round trip); with
+        // transactional output nothing is stored, the transactions committed it.
+        if !commits_by_transactions {
+            let closing = consumer.clone();
+            let committed = tokio::task::spawn_blocking(move || {
+                closing.commit_consumer_state(rdkafka::consumer::CommitMode::Sync)
+            })
+            .await;
+            if let Ok(Err(e)) = committed {
+                tracing::debug!(error = %e, "kafka runner: final commit");
+            }
         }
         match failed {
             Some((topic, partition)) => Err(RunnerError::PartitionFailed { topic, partition }),
@@ -476,10 +543,35 @@ mod context;
 mod dead_letter;
 mod dedupe;
 mod partition;
+mod transaction;
 
 use context::*;
 use dead_letter::*;
 use partition::*;
+pub use transaction::Output;
+use transaction::{PartitionTxn, Transactional};
+
+/// A producer's settings for the consumer's cluster: its `bootstrap.servers` and its way in,
+/// so a TLS or SASL cluster takes the dead letters and the outputs too (a producer without
+/// them would talk plain text and fail).
+fn cluster(config: &ClientConfig) -> Result<ClientConfig, RunnerError> {
+    let bootstrap = config
+        .get("bootstrap.servers")
+        .ok_or(RunnerError::Config("bootstrap.servers"))?;
+    let mut producer = ClientConfig::new();
+    producer.set("bootstrap.servers", bootstrap);
+    for (key, value) in config.config_map() {
+        if key == "security.protocol"
+            || key.starts_with("ssl.")
+            || key.starts_with("ssl_")
+            || key.starts_with("sasl.")
+            || key == "client.dns.lookup"
+        {
+            producer.set(key, value);
+        }
+    }
+    Ok(producer)
+}
 
 struct Shared<S, K, H: Handle<OwnedMessage>> {
     consumer: Arc<StreamConsumer<RunnerContext>>,
@@ -491,4 +583,6 @@ struct Shared<S, K, H: Handle<OwnedMessage>> {
     /// in the receive loop's overflow.
     drained: Arc<tokio::sync::Notify>,
     on_unsettled: Option<UnsettledHook<H::Output>>,
+    /// Transactional output, with the producers' cluster settings.
+    transactional: Option<(Transactional<H::Output>, ClientConfig)>,
 }

@@ -87,6 +87,19 @@ pub(crate) async fn partition_task<S, K, H>(
     H::Output: 'static,
 {
     let current = || shared.generations.get(&tp) == generation;
+    let assigned = || shared.generations.assigned(&tp, generation);
+    // Transactional output: the partition's own producer (its id fences the partition's
+    // previous owner, whose open transaction is aborted).
+    let txn = match &shared.transactional {
+        Some((t, cluster)) => match PartitionTxn::start(cluster.clone(), &t.id, &tp).await {
+            Ok(txn) => Some(txn),
+            Err(e) => {
+                tracing::error!(error = %e, topic = tp.0, partition = tp.1, "kafka runner: the partition's transactional producer did not start");
+                return;
+            }
+        },
+        None => None,
+    };
     let batch = shared.batch;
     let mut pending: Vec<OwnedMessage> = Vec::with_capacity(batch);
     // Oldest first: settled, and their offsets stored, in this order.
@@ -102,8 +115,17 @@ pub(crate) async fn partition_task<S, K, H>(
                 joined = oldest => joined,
                 m = queue.recv() => break m,
             };
-            if !settle_oldest(&shared, &tp, &mut started, oldest_done, &current).await {
-                return finish(&shared, started).await;
+            if !settle_oldest(
+                &shared,
+                &tp,
+                &mut started,
+                oldest_done,
+                &current,
+                txn.as_ref(),
+            )
+            .await
+            {
+                return finish(&shared, started, txn.as_ref(), &assigned).await;
             }
         };
         let Some(m) = next else { break };
@@ -132,7 +154,7 @@ pub(crate) async fn partition_task<S, K, H>(
         for message in pending.drain(..) {
             if !current() {
                 // Revoked: the unused claims are released as they drop.
-                return finish(&shared, started).await;
+                return finish(&shared, started, txn.as_ref(), &assigned).await;
             }
             let claim = claims.next().flatten();
             let handled = Arc::new(tokio::sync::Notify::new());
@@ -160,29 +182,85 @@ pub(crate) async fn partition_task<S, K, H>(
                     () = handled.notified() => break,
                     joined = oldest => joined,
                 };
-                if !settle_oldest(&shared, &tp, &mut started, oldest_done, &current).await {
-                    return finish(&shared, started).await;
+                if !settle_oldest(
+                    &shared,
+                    &tp,
+                    &mut started,
+                    oldest_done,
+                    &current,
+                    txn.as_ref(),
+                )
+                .await
+                {
+                    return finish(&shared, started, txn.as_ref(), &assigned).await;
                 }
                 this_settled = newest;
             }
             // Bounded: with many results on the wire, the oldest settle first.
-            while started.len() >= PIPELINE {
-                let (_, oldest) = started.front_mut().expect("non-empty");
-                let oldest_done = oldest.await;
-                if !settle_oldest(&shared, &tp, &mut started, oldest_done, &current).await {
-                    return finish(&shared, started).await;
-                }
+            if !settle_down_to(
+                &shared,
+                &tp,
+                &mut started,
+                PIPELINE - 1,
+                &current,
+                txn.as_ref(),
+            )
+            .await
+            {
+                return finish(&shared, started, txn.as_ref(), &assigned).await;
+            }
+        }
+        // Transactional output: the batch settles whole, then its outputs and its offsets
+        // commit together (no pipeline across batches).
+        if let Some(t) = &txn {
+            if !settle_down_to(&shared, &tp, &mut started, 0, &current, Some(t)).await {
+                return finish(&shared, started, Some(t), &assigned).await;
+            }
+            if !current() {
+                return finish(&shared, started, Some(t), &assigned).await;
+            }
+            if let Err(e) = t.commit(shared.consumer.group_metadata()).await {
+                // Its messages come again from the last committed offset (the runner
+                // stops; the next owner or a restart replays their results).
+                tracing::error!(error = %e, topic = tp.0, partition = tp.1, "kafka runner: the transaction did not commit");
+                t.abort().await;
+                return finish(&shared, started, Some(t), &assigned).await;
             }
         }
     }
     // The queue is closed (shutdown) or the partition revoked: what was started finishes,
     // and settles while the partition is still this member's.
-    while let Some((_, oldest)) = started.front_mut() {
+    if !settle_down_to(&shared, &tp, &mut started, 0, &current, txn.as_ref()).await {
+        return finish(&shared, started, txn.as_ref(), &assigned).await;
+    }
+    if let Some(t) = &txn {
+        t.close(assigned(), shared.consumer.group_metadata()).await;
+    }
+}
+
+/// Waits for the oldest started calls and settles them, until at most `left` are started.
+/// False if the partition was revoked (see [`settle_oldest`]).
+async fn settle_down_to<S, K, H>(
+    shared: &Shared<S, K, H>,
+    tp: &(String, i32),
+    started: &mut Started<H::Output>,
+    left: usize,
+    current: &(impl Fn() -> bool + Sync),
+    txn: Option<&PartitionTxn>,
+) -> bool
+where
+    S: Store + Send + Sync + 'static,
+    K: Fn(&OwnedMessage) -> Result<Key, KeyError> + Send + Sync + 'static,
+    H: Handle<OwnedMessage> + 'static,
+{
+    while started.len() > left {
+        let (_, oldest) = started.front_mut().expect("more than `left` started");
         let oldest_done = oldest.await;
-        if !settle_oldest(&shared, &tp, &mut started, oldest_done, &current).await {
-            return finish(&shared, started).await;
+        if !settle_oldest(shared, tp, started, oldest_done, current, txn).await {
+            return false;
         }
     }
+    true
 }
 
 /// Settles the oldest started message, whose call finished, and stores its offset. False if
@@ -193,6 +271,7 @@ pub(crate) async fn settle_oldest<S, K, H>(
     started: &mut Started<H::Output>,
     joined: Result<Processed<H::Output>, tokio::task::JoinError>,
     current: &(impl Fn() -> bool + Sync),
+    txn: Option<&PartitionTxn>,
 ) -> bool
 where
     S: Store + Send + Sync + 'static,
@@ -215,8 +294,21 @@ where
         unsettled(shared, &message, &processed);
         return false;
     }
-    if !settle(shared, &message, processed, current).await {
+    let Some(settled) = settle(shared, &message, processed, current).await else {
         return false; // revoked while settling: the next owner has it
+    };
+    if let (Some(t), Some((transactional, _))) = (txn, &shared.transactional) {
+        // Outputs from the result, fresh or replayed (a dead letter has none).
+        let outputs = match (&settled.settlement, &settled.receipt) {
+            (Settlement::Ack, Some(receipt)) => (transactional.outputs)(&message, receipt),
+            _ => Vec::new(),
+        };
+        if let Err(e) = t.add(message.offset(), outputs).await {
+            tracing::error!(error = %e, topic = tp.0, partition = tp.1, "kafka runner: an output was not produced");
+            t.abort().await;
+            return false;
+        }
+        return true;
     }
     if current()
         && let Err(e) = shared.consumer.store_offset(&tp.0, tp.1, message.offset())
@@ -229,8 +321,12 @@ where
 /// A revoked or shut-down partition's started calls run to their end (their results are
 /// stored under their keys, so the next owner replays them); nothing more is settled. Each
 /// one's end is shown to the `on_unsettled` hook, if there is one.
-pub(crate) async fn finish<S, K, H>(shared: &Shared<S, K, H>, started: Started<H::Output>)
-where
+pub(crate) async fn finish<S, K, H>(
+    shared: &Shared<S, K, H>,
+    started: Started<H::Output>,
+    txn: Option<&PartitionTxn>,
+    assigned: &impl Fn() -> bool,
+) where
     S: Store + Send + Sync + 'static,
     K: Fn(&OwnedMessage) -> Result<Key, KeyError> + Send + Sync + 'static,
     H: Handle<OwnedMessage> + 'static,
@@ -241,6 +337,11 @@ where
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
             Err(_) => {}
         }
+    }
+    // What was settled before: committed if the partition is still ours (a shutdown),
+    // aborted if it was revoked (delivered again to its next owner, who replays it).
+    if let Some(t) = txn {
+        t.close(assigned(), shared.consumer.group_metadata()).await;
     }
 }
 
@@ -259,14 +360,14 @@ fn unsettled<S, K, H: Handle<OwnedMessage>>(
 }
 
 /// Settles one message through the shared settle loop (retried in place until final, the
-/// partition waiting so that its order is kept; dead-lettered; shown to the hook). False if
-/// the partition was revoked meanwhile.
+/// partition waiting so that its order is kept; dead-lettered; shown to the hook): its final
+/// outcome, or `None` if the partition was revoked meanwhile.
 pub(crate) async fn settle<S, K, H>(
     shared: &Shared<S, K, H>,
     message: &OwnedMessage,
     processed: Processed<H::Output>,
     current: &(impl Fn() -> bool + Sync),
-) -> bool
+) -> Option<Processed<H::Output>>
 where
     S: Store + Send + Sync + 'static,
     K: Fn(&OwnedMessage) -> Result<Key, KeyError> + Send + Sync + 'static,
@@ -278,11 +379,10 @@ where
     };
     // A dead letter is retried until produced or the partition is revoked: not parked
     // means revoked.
-    matches!(
-        shared
-            .settler
-            .settle(&transport, message, 1, processed, current)
-            .await,
-        Some(done) if done.parked
-    )
+    shared
+        .settler
+        .settle(&transport, message, 1, processed, current)
+        .await
+        .filter(|done| done.parked)
+        .map(|done| done.processed)
 }

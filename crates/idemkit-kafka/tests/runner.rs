@@ -13,82 +13,12 @@ use std::time::Duration;
 
 use idemkit_core::{Coordinator, Key, Operation};
 use idemkit_kafka::KafkaRunner;
-use idemkit_redis::RedisStore;
 use idemkit_runner::{Processor, RetryPolicy};
 use idemkit_test::faults::FaultPoint;
 use rdkafka::Message as _;
 
 use rdkafka::message::{Headers as _, OwnedMessage};
 use support::*;
-
-fn order_of(m: &OwnedMessage) -> String {
-    m.key()
-        .map(|k| String::from_utf8_lossy(k).into_owned())
-        .unwrap_or_default()
-}
-
-async fn store(prefix: &str) -> RedisStore {
-    RedisStore::builder()
-        .prefix(prefix)
-        .connect(&redis_url())
-        .await
-        .expect("redis store")
-}
-
-/// A processor whose effect appends the order id to the Redis list `mails`, then waits for
-/// `hold` to be released (if given) before returning.
-fn processor(
-    store: RedisStore,
-    mails: String,
-    protected: bool,
-    hold: Option<Arc<AtomicBool>>,
-    seen: Option<Arc<AtomicBool>>,
-) -> Processor<
-    RedisStore,
-    impl Fn(&OwnedMessage) -> Result<Key, idemkit_core::KeyError> + Send + Sync + 'static,
-    impl idemkit_runner::Handle<OwnedMessage, Output = String> + 'static,
-> {
-    Processor::new(
-        Coordinator::new(store),
-        Operation::new("mail.invoice").unwrap(),
-        {
-            let seen = seen.clone();
-            move |m: &OwnedMessage| {
-                if let Some(seen) = &seen {
-                    seen.store(true, Ordering::SeqCst);
-                }
-                Key::compose([order_of(m).as_str(), "invoice"])
-            }
-        },
-        move |m: OwnedMessage, _| {
-            let (mails, hold) = (mails.clone(), hold.clone());
-            if let Some(seen) = &seen {
-                seen.store(true, Ordering::SeqCst);
-            }
-            async move {
-                let mut r = redis().await;
-                redis::cmd("RPUSH")
-                    .arg(&mails)
-                    .arg(order_of(&m))
-                    .query_async::<()>(&mut r)
-                    .await?;
-                if let Some(hold) = hold {
-                    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-                    while !hold.load(Ordering::SeqCst) && tokio::time::Instant::now() < deadline {
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                }
-                Ok::<_, redis::RedisError>(format!("em_{}", order_of(&m)))
-            }
-        },
-    )
-    .protected(protected)
-    .retry(
-        RetryPolicy::new()
-            .max_deliveries(3)
-            .backoff(Duration::from_millis(50), Duration::from_millis(200)),
-    )
-}
 
 /// Runs `runner` in a task until `stop` is notified; returns its join handle.
 fn spawn_runner<F>(run: F) -> tokio::task::JoinHandle<()>
@@ -303,19 +233,8 @@ async fn a_worker_killed_at(
     let p = producer(brokers);
     produce(&p, &topic, 0, "order-3", "paid").await;
     let worker = |extra: &[&str]| {
-        let mut c = tokio::process::Command::new(idemkit_test::example_binary("kafka_worker"));
-        c.args(["--brokers", brokers, "--topic", &topic, "--group", &group])
-            .args([
-                "--redis",
-                &redis_url(),
-                "--prefix",
-                &prefix,
-                "--mails",
-                &mails,
-            ])
-            .args(extra)
-            .stdout(std::process::Stdio::null())
-            .kill_on_drop(true);
+        let mut c = kafka_worker(brokers, &topic, &group, &prefix, &mails);
+        c.args(extra);
         if !protected {
             c.arg("--unprotected");
         }

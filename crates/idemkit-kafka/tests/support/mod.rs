@@ -8,6 +8,15 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use idemkit_core::{Coordinator, Key, Operation};
+use idemkit_redis::RedisStore;
+use idemkit_runner::{Processor, RetryPolicy};
+use rdkafka::Message as _;
+use rdkafka::message::OwnedMessage;
+
 /// The broker (see [`idemkit_test::brokers::kafka`]).
 pub fn brokers() -> Option<String> {
     idemkit_test::brokers::kafka()
@@ -125,4 +134,97 @@ pub async fn read_topic(
         }
     }
     out
+}
+
+/// The `kafka_worker` example as a child process of `group` on `topic`, its keys under
+/// `prefix` on Redis and its mails in the list `mails` (killed when dropped).
+pub fn kafka_worker(
+    brokers: &str,
+    topic: &str,
+    group: &str,
+    prefix: &str,
+    mails: &str,
+) -> tokio::process::Command {
+    let mut c = tokio::process::Command::new(idemkit_test::example_binary("kafka_worker"));
+    c.args(["--brokers", brokers, "--topic", topic, "--group", group])
+        .args([
+            "--redis",
+            &redis_url(),
+            "--prefix",
+            prefix,
+            "--mails",
+            mails,
+        ])
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true);
+    c
+}
+
+pub fn order_of(m: &OwnedMessage) -> String {
+    m.key()
+        .map(|k| String::from_utf8_lossy(k).into_owned())
+        .unwrap_or_default()
+}
+
+pub async fn store(prefix: &str) -> RedisStore {
+    RedisStore::builder()
+        .prefix(prefix)
+        .connect(&redis_url())
+        .await
+        .expect("redis store")
+}
+
+/// A processor whose effect appends the order id to the Redis list `mails`, then waits for
+/// `hold` to be released (if given) before returning.
+pub fn processor(
+    store: RedisStore,
+    mails: String,
+    protected: bool,
+    hold: Option<Arc<AtomicBool>>,
+    seen: Option<Arc<AtomicBool>>,
+) -> Processor<
+    RedisStore,
+    impl Fn(&OwnedMessage) -> Result<Key, idemkit_core::KeyError> + Send + Sync + 'static,
+    impl idemkit_runner::Handle<OwnedMessage, Output = String> + 'static,
+> {
+    Processor::new(
+        Coordinator::new(store),
+        Operation::new("mail.invoice").unwrap(),
+        {
+            let seen = seen.clone();
+            move |m: &OwnedMessage| {
+                if let Some(seen) = &seen {
+                    seen.store(true, Ordering::SeqCst);
+                }
+                Key::compose([order_of(m).as_str(), "invoice"])
+            }
+        },
+        move |m: OwnedMessage, _| {
+            let (mails, hold) = (mails.clone(), hold.clone());
+            if let Some(seen) = &seen {
+                seen.store(true, Ordering::SeqCst);
+            }
+            async move {
+                let mut r = redis().await;
+                redis::cmd("RPUSH")
+                    .arg(&mails)
+                    .arg(order_of(&m))
+                    .query_async::<()>(&mut r)
+                    .await?;
+                if let Some(hold) = hold {
+                    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+                    while !hold.load(Ordering::SeqCst) && tokio::time::Instant::now() < deadline {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+                Ok::<_, redis::RedisError>(format!("em_{}", order_of(&m)))
+            }
+        },
+    )
+    .protected(protected)
+    .retry(
+        RetryPolicy::new()
+            .max_deliveries(3)
+            .backoff(Duration::from_millis(50), Duration::from_millis(200)),
+    )
 }
