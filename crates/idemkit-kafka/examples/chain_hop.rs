@@ -5,18 +5,19 @@
 //! Kafka "order paid" ──▶ hop a ──▶ RabbitMQ "invoice requested" ──▶ hop b
 //!                          │                                        │
 //!                          ├─ a row, through the inbox (PostgreSQL)  ├─ a row, through the inbox
-//!                          └─ a charge at the payment provider       └─ an email, at a mail API
-//!                             (HTTP, behind idemkit's layer)            (keyed by its caller)
+//!                          └─ POST /charges ──┐                      └─ POST /emails ──┐
+//!                                             ▼                                        ▼
+//!                              the services, behind idemkit's HTTP layer (`--services`)
 //! ```
 //!
 //! - **a** consumes Kafka with the [`KafkaRunner`], keyed by the record's dedupe id
 //!   ([`dedupe_key`]: its producer's `idemkit-dedupe-id` header). Its inbox transaction writes
 //!   the order's row; then, as its external effects, it publishes "invoice requested" to
-//!   RabbitMQ with [`publish_once`] and charges the card at the provider with an
-//!   `Idempotency-Key`.
+//!   RabbitMQ with [`publish_once`] and charges the card (`POST {services}/charges`, with an
+//!   `Idempotency-Key`).
 //! - **b** consumes that queue with the [`RabbitRunner`], keyed by the message's `message_id`
 //!   (the default: no key function). Its inbox transaction writes its row; then it sends the
-//!   email through a mail API that takes an idempotency key.
+//!   email (`POST {services}/emails`, with an `Idempotency-Key`).
 //!
 //! With `--ids effect` (the default) every id a hop sends is derived from its effect's
 //! downstream key: the publish's `message_id` is the key itself, the charge's key its child
@@ -27,7 +28,7 @@
 //! ```text
 //! cargo run -p idemkit-kafka --example chain_hop -- --role a --brokers 127.0.0.1:9092 \
 //!   --topic orders.paid --group chain-a --amqp amqp://guest:guest@127.0.0.1:5672/%2f \
-//!   --queue invoices --keys redis://127.0.0.1:6379 --provider http://127.0.0.1:8080/charges
+//!   --queue invoices --keys redis://127.0.0.1:6379 --services http://127.0.0.1:8080
 //! ```
 //!
 //! It stops after `--exit-after N` settled messages (or Ctrl-C), with exit status 3 if any
@@ -58,7 +59,7 @@ struct Args {
     queue: String,
     keys: String,
     database: String,
-    provider: String,
+    services: String,
     effect_ids: bool,
     lease: Duration,
     exit_after: u32,
@@ -84,7 +85,7 @@ async fn main() -> Result<(), Error> {
         keys: opt("--keys").unwrap_or_else(|| "redis://127.0.0.1:6379".into()),
         database: opt("--database")
             .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/test".into()),
-        provider: opt("--provider").unwrap_or_else(|| "http://127.0.0.1:8080/charges".into()),
+        services: opt("--services").unwrap_or_else(|| "http://127.0.0.1:8080".into()),
         effect_ids: opt("--ids").is_none_or(|ids| ids != "delivery"),
         lease: Duration::from_millis(opt("--lease-ms").map_or(Ok(30_000), |s| s.parse())?),
         exit_after: opt("--exit-after").map_or(Ok(u32::MAX), |s| s.parse())?,
@@ -186,8 +187,11 @@ async fn hop_a(
     let channel = amqp.create_channel().await?;
     channel.confirm_select(Default::default()).await?;
     let http = reqwest::Client::new();
-    let (queue, provider, effect_ids) =
-        (args.queue.clone(), args.provider.clone(), args.effect_ids);
+    let (queue, charges, effect_ids) = (
+        args.queue.clone(),
+        format!("{}/charges", args.services),
+        args.effect_ids,
+    );
     let handler = Inbox::new().handler(
         pool.clone(),
         "chain-a",
@@ -203,10 +207,10 @@ async fn hop_a(
             })
         },
         move |m: OwnedMessage, attempt: Attempt| {
-            let (channel, queue, provider, http) = (
+            let (channel, queue, charges, http) = (
                 channel.clone(),
                 queue.clone(),
-                provider.clone(),
+                charges.clone(),
                 http.clone(),
             );
             async move {
@@ -222,16 +226,8 @@ async fn hop_a(
                     BasicProperties::default(),
                 )
                 .await?;
-                let charged = http
-                    .post(&provider)
-                    .header("idempotency-key", effect_id(effect_ids, &attempt, "charge"))
-                    .body(order)
-                    .send()
-                    .await?;
-                if !charged.status().is_success() {
-                    return Err(format!("the provider answered {}", charged.status()).into());
-                }
-                Ok::<_, Error>(charged.text().await?)
+                let key = effect_id(effect_ids, &attempt, "charge");
+                post(&http, &charges, &key, order).await
             }
         },
     )?;
@@ -265,8 +261,8 @@ async fn hop_b(
     retry: RetryPolicy,
     settled: Arc<Settled>,
 ) -> Result<(), Error> {
-    let effect_ids = args.effect_ids;
-    let mail_pool = pool.clone();
+    let (effect_ids, emails) = (args.effect_ids, format!("{}/emails", args.services));
+    let http = reqwest::Client::new();
     let handler = Inbox::new().handler(
         pool,
         "chain-b",
@@ -283,11 +279,10 @@ async fn hop_b(
             })
         },
         move |m: Message, attempt: Attempt| {
-            let pool = mail_pool.clone();
+            let (http, emails) = (http.clone(), emails.clone());
             async move {
                 let key = effect_id(effect_ids, &attempt, "email");
-                mail_api(&pool, &key, &order_of(&m.data)).await?;
-                Ok::<_, Error>(format!("email {key}"))
+                post(&http, &emails, &key, order_of(&m.data)).await
             }
         },
     )?;
@@ -304,8 +299,7 @@ async fn hop_b(
     Ok(())
 }
 
-/// The inbox's table, the hops' rows (no unique constraint: a second insert would show) and
-/// the mail API's (its idempotency key is its primary key, `calls` counts its callers),
+/// The inbox's table and the hops' rows (no unique constraint: a second insert would show),
 /// under a lock: workers starting together would collide in `CREATE TABLE IF NOT EXISTS`.
 async fn setup(pool: &PgPool) -> Result<(), Error> {
     Inbox::new().migrate(pool).await?;
@@ -313,7 +307,6 @@ async fn setup(pool: &PgPool) -> Result<(), Error> {
         "BEGIN;
          SELECT pg_advisory_xact_lock(hashtext('idemkit.examples.chain_hop'));
          CREATE TABLE IF NOT EXISTS chain_rows (hop text NOT NULL, order_id text NOT NULL);
-         CREATE TABLE IF NOT EXISTS chain_mail (idempotency_key text PRIMARY KEY, order_id text NOT NULL, calls int NOT NULL DEFAULT 1);
          COMMIT;",
     )
     .execute(pool)
@@ -321,15 +314,22 @@ async fn setup(pool: &PgPool) -> Result<(), Error> {
     Ok(())
 }
 
-/// The mail API: one email per idempotency key; a repeated call gets the same email.
-async fn mail_api(pool: &PgPool, key: &str, order: &str) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "INSERT INTO chain_mail (idempotency_key, order_id) VALUES ($1, $2)
-         ON CONFLICT (idempotency_key) DO UPDATE SET calls = chain_mail.calls + 1",
-    )
-    .bind(key)
-    .bind(order)
-    .execute(pool)
-    .await?;
-    Ok(())
+/// An external effect at a service that deduplicates on its `Idempotency-Key`: the order
+/// posted under `key`; the service's answer.
+async fn post(
+    http: &reqwest::Client,
+    url: &str,
+    key: &str,
+    order: String,
+) -> Result<String, Error> {
+    let answer = http
+        .post(url)
+        .header("idempotency-key", key)
+        .body(order)
+        .send()
+        .await?;
+    if !answer.status().is_success() {
+        return Err(format!("{url} answered {}", answer.status()).into());
+    }
+    Ok(answer.text().await?)
 }

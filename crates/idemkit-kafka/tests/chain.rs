@@ -1,8 +1,8 @@
 //! One effect key end to end, with every process killed at every point (issue 52): an order's
 //! payment on Kafka (produced twice, as a retrying producer does, under one dedupe id) →
 //! hop a (`examples/chain_hop.rs --role a`: a row through the inbox, a publish to RabbitMQ,
-//! a charge at a payment provider behind idemkit's HTTP layer) → hop b (`--role b`: a row
-//! through the inbox, an email at a mail API). Each hop is a process of its own, stopped at
+//! a charge at a payment service) → hop b (`--role b`: a row through the inbox, an email at a
+//! mail service); both services behind idemkit's HTTP layer. Each hop is a process of its own, stopped at
 //! each fault point (after its inbox commit, after its action, before its ack) and run again;
 //! meanwhile the hops' store (a Redis server of the test's own) has every client connection
 //! cut, and their database connections are terminated, again and again. With the effect's
@@ -46,8 +46,9 @@ struct Chain {
     brokers: String,
     amqp: String,
     keys: String,
-    provider: String,
-    charges: Arc<Mutex<HashMap<String, usize>>>,
+    services: String,
+    /// What the services did, by (what, order).
+    done: Arc<Mutex<HashMap<(&'static str, String), usize>>>,
     pool: PgPool,
     channel: Channel,
 }
@@ -59,12 +60,12 @@ struct Effects {
     a_rows: i64,
     /// Messages hop a left on RabbitMQ (a republish after a kill is a copy).
     published: u32,
-    /// Charges the provider made for the order.
+    /// Charges the payment service made for the order.
     charges: usize,
     /// Hop b's rows.
     b_rows: i64,
-    /// Emails the mail API sent for the order (one per idempotency key).
-    emails: i64,
+    /// Emails the mail service sent for the order.
+    emails: usize,
 }
 
 impl Chain {
@@ -90,8 +91,8 @@ impl Chain {
             .args([
                 "--keys",
                 &self.keys,
-                "--provider",
-                &self.provider,
+                "--services",
+                &self.services,
                 "--ids",
                 ids,
             ])
@@ -201,18 +202,11 @@ impl Chain {
             .fetch_one(&self.pool)
         };
         let (a_rows, b_rows) = (rows("a").await.unwrap(), rows("b").await.unwrap());
-        let emails: i64 = sqlx::query_scalar("SELECT count(*) FROM chain_mail WHERE order_id = $1")
-            .bind(&order)
-            .fetch_one(&self.pool)
-            .await
-            .unwrap();
-        let charges = self
-            .charges
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&order)
-            .copied()
-            .unwrap_or(0);
+        let done = |what: &'static str| {
+            let all = self.done.lock().unwrap_or_else(PoisonError::into_inner);
+            all.get(&(what, order.clone())).copied().unwrap_or(0)
+        };
+        let (charges, emails) = (done("charge"), done("email"));
         Effects {
             a_rows,
             published,
@@ -223,39 +217,44 @@ impl Chain {
     }
 }
 
-/// The payment provider: charges behind idemkit's HTTP layer (its keys on the shared Redis,
-/// which the faults leave alone: the provider is another company's service), counted per
-/// order (the request's body). Its URL.
-async fn provider(charges: Arc<Mutex<HashMap<String, usize>>>) -> String {
+/// The payment and mail services, behind idemkit's HTTP layer (its keys on the shared Redis,
+/// which the faults leave alone: the services are other companies'), each charge and email
+/// counted per order (the request's body). Their base URL.
+async fn services(done: Arc<Mutex<HashMap<(&'static str, String), usize>>>) -> String {
     let store = idemkit_redis::RedisStore::builder()
-        .prefix(unique("provider"))
+        .prefix(unique("services"))
         .connect(&redis_url())
         .await
         .expect("redis");
     let layer = idemkit_http::IdempotencyLayer::builder(
         Coordinator::new(store),
-        Operation::new("provider.charge").unwrap(),
+        Operation::new("services.call").unwrap(),
     )
-    .global_scope("provider")
+    .global_scope("services")
     .unwrap()
     .build()
     .unwrap();
+    let service = |what: &'static str| {
+        let done = done.clone();
+        axum::routing::post(move |order: String| {
+            let done = done.clone();
+            async move {
+                let mut all = done.lock().unwrap_or_else(PoisonError::into_inner);
+                let n = all.entry((what, order.clone())).or_default();
+                *n += 1;
+                (
+                    axum::http::StatusCode::CREATED,
+                    format!("{what}_{order}_{n}"),
+                )
+            }
+        })
+    };
     let app = axum::Router::new()
-        .route(
-            "/charges",
-            axum::routing::post(move |order: String| {
-                let charges = charges.clone();
-                async move {
-                    let mut all = charges.lock().unwrap_or_else(PoisonError::into_inner);
-                    let n = all.entry(order.clone()).or_default();
-                    *n += 1;
-                    (axum::http::StatusCode::CREATED, format!("ch_{order}_{n}"))
-                }
-            }),
-        )
+        .route("/charges", service("charge"))
+        .route("/emails", service("email"))
         .layer(layer);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/charges", listener.local_addr().unwrap());
+    let url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     url
 }
@@ -302,13 +301,13 @@ async fn every_effect_happens_once_at_every_hop_wherever_a_hop_dies() {
     let connection = Connection::connect(&amqp, ConnectionProperties::default())
         .await
         .expect("rabbitmq");
-    let charges = Arc::new(Mutex::new(HashMap::new()));
+    let done = Arc::new(Mutex::new(HashMap::new()));
     let chain = Arc::new(Chain {
-        provider: provider(charges.clone()).await,
+        services: services(done.clone()).await,
         brokers,
         amqp,
         keys: redis.url(),
-        charges,
+        done,
         pool: pool.clone(),
         channel: connection.create_channel().await.expect("channel"),
     });
@@ -369,7 +368,8 @@ async fn every_effect_happens_once_at_every_hop_wherever_a_hop_dies() {
                 emails: 1,
             },
             // Hop a repeated its publish and its charge under fresh ids: hop b took the copy
-            // for a new message (a second row, a second email), the provider for a new charge.
+            // for a new message (a second row, a second email), the payment service for a new
+            // charge.
             (_, Some((Hop::A, _))) => Effects {
                 a_rows: 1,
                 published: 2,
