@@ -322,6 +322,8 @@ where
     /// committed transaction (the results replay, the outputs are produced again). A
     /// revocation or a shutdown aborts the open transaction: its messages are delivered
     /// again. Keep `transaction.timeout.ms` (the broker's) above a batch's handling time.
+    /// `outputs` runs in the partition's task: one that panics stops the runner
+    /// ([`RunnerError::PartitionFailed`]), its transaction uncommitted.
     ///
     /// # Example
     ///
