@@ -50,6 +50,10 @@
 //! - **Shutdown.** [`KafkaRunner::run`] stops polling when its `shutdown` future completes,
 //!   lets every running handler finish, and closes the consumer, which commits the stored
 //!   offsets.
+//! - **Consume-transform-produce.** With
+//!   [`transactional_output`](KafkaRunner::transactional_output), each settled message's
+//!   result makes records for other topics, committed with the input offsets in the
+//!   partition's Kafka transaction instead of the offsets' auto-commit.
 //!
 //! The classic consumer-group protocol (eager rebalancing) is what this is tested with.
 //!
@@ -317,11 +321,13 @@ where
     /// A dead-lettered message has no outputs; its dead letter is produced outside the
     /// transaction and acknowledged before the transaction commits its offset.
     ///
-    /// A transaction that fails to commit while the partition is this member's stops the
-    /// runner with [`RunnerError::PartitionFailed`]; restarted, it consumes from the last
-    /// committed transaction (the results replay, the outputs are produced again). A
-    /// revocation or a shutdown aborts the open transaction: its messages are delivered
-    /// again. Keep `transaction.timeout.ms` (the broker's) above a batch's handling time.
+    /// A transaction that fails to commit while the runner runs stops it with
+    /// [`RunnerError::PartitionFailed`]; restarted, it consumes from the last committed
+    /// transaction (the results replay, the outputs are produced again). A revocation aborts
+    /// the open transaction (its messages go to the partition's next owner, which replays
+    /// them); a shutdown lets the running handlers finish and commits what was settled (a
+    /// commit that fails then is logged, and those messages come again after a restart).
+    /// Keep `transaction.timeout.ms` (the broker's) above a batch's handling time.
     /// `outputs` runs in the partition's task: one that panics stops the runner
     /// ([`RunnerError::PartitionFailed`]), its transaction uncommitted.
     ///
