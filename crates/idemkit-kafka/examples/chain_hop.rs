@@ -43,7 +43,7 @@ use idemkit::kafka::rdkafka::ClientConfig;
 use idemkit::kafka::rdkafka::message::OwnedMessage;
 use idemkit::kafka::{KafkaRunner, dedupe_key};
 use idemkit::postgres::Inbox;
-use idemkit::postgres::sqlx::{self, PgPool};
+use idemkit::postgres::sqlx::{self, PgConnection, PgPool};
 use idemkit::rabbitmq::lapin::{BasicProperties, Connection, ConnectionProperties};
 use idemkit::rabbitmq::{Message, RabbitRunner, publish_once};
 use idemkit::redis::RedisStore;
@@ -198,13 +198,7 @@ async fn hop_a(
         dedupe_key,
         |m: &OwnedMessage, conn| {
             let order = order_of(idemkit::kafka::rdkafka::Message::payload(m).unwrap_or_default());
-            Box::pin(async move {
-                sqlx::query("INSERT INTO chain_rows (hop, order_id) VALUES ('a', $1)")
-                    .bind(order)
-                    .execute(conn)
-                    .await?;
-                Ok::<_, Error>(())
-            })
+            Box::pin(insert_row("a", order, conn))
         },
         move |m: OwnedMessage, attempt: Attempt| {
             let (channel, queue, charges, http) = (
@@ -270,13 +264,7 @@ async fn hop_b(
         (),
         |m: &Message, conn| {
             let order = order_of(&m.data);
-            Box::pin(async move {
-                sqlx::query("INSERT INTO chain_rows (hop, order_id) VALUES ('b', $1)")
-                    .bind(order)
-                    .execute(conn)
-                    .await?;
-                Ok::<_, Error>(())
-            })
+            Box::pin(insert_row("b", order, conn))
         },
         move |m: Message, attempt: Attempt| {
             let (http, emails) = (http.clone(), emails.clone());
@@ -311,6 +299,16 @@ async fn setup(pool: &PgPool) -> Result<(), Error> {
     )
     .execute(pool)
     .await?;
+    Ok(())
+}
+
+/// A hop's database effect, in its inbox's transaction: its row for the order.
+async fn insert_row(hop: &str, order: String, conn: &mut PgConnection) -> Result<(), Error> {
+    sqlx::query("INSERT INTO chain_rows (hop, order_id) VALUES ($1, $2)")
+        .bind(hop)
+        .bind(order)
+        .execute(conn)
+        .await?;
     Ok(())
 }
 
