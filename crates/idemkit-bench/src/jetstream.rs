@@ -67,6 +67,7 @@ pub(crate) async fn run(
     redis_url: &str,
     messages: usize,
     rounds: usize,
+    max_rounds: usize,
 ) -> Result<(String, Vec<ConsumerRow>), String> {
     let client = async_nats::connect(nats_url)
         .await
@@ -97,20 +98,25 @@ pub(crate) async fn run(
             ack.await.map_err(|e| e.to_string())?;
         }
     }
-    let mut results: Vec<Vec<f64>> = MODES.iter().map(|_| Vec::new()).collect();
-    for round in 0..rounds {
-        for (i, mode) in MODES.iter().enumerate() {
-            eprintln!("jetstream: round {}/{rounds}: {}", round + 1, mode.name());
-            let n = if mode.handler.is_zero() {
-                messages
-            } else {
-                (messages / 5).max(100)
-            };
-            let stream = js.get_stream(&name).await.map_err(|e| e.to_string())?;
-            results[i].push(consume(&stream, redis_url, n, *mode).await?);
-        }
-    }
-    let _ = js.delete_stream(&name).await;
+    let (js, name) = (&js, &name);
+    let results = crate::paired::interleaved(
+        &MODES,
+        rounds,
+        max_rounds,
+        |round, mode: Mode| async move {
+            eprintln!("jetstream: round {}: {}", round + 1, mode.name());
+            let n = crate::kafka::messages_for(mode.handler, messages);
+            let stream = js.get_stream(name).await.map_err(|e| e.to_string())?;
+            consume(&stream, redis_url, n, mode).await
+        },
+        |results: &[Vec<f64>]| {
+            let modes = MODES.iter().map(|m| (m.protected, m.handler));
+            crate::kafka::runner_undecided(modes, results)
+        },
+    )
+    .await?;
+    let _ = js.delete_stream(name).await;
+    let rounds = results[0].len();
     let cases: Vec<(String, bool, Duration, Vec<f64>)> = MODES
         .iter()
         .zip(results)

@@ -17,6 +17,8 @@ use tokio::time::Instant;
 
 use idemkit_core::{Coordinator, Key, Operation};
 use idemkit_kafka::KafkaRunner;
+
+use crate::paired::Paired;
 use idemkit_redis::RedisStore;
 use idemkit_runner::Processor;
 use rdkafka::ClientConfig;
@@ -89,15 +91,76 @@ const MODES: [Mode; 5] = [
 pub(crate) struct ConsumerRow {
     pub(crate) case: String,
     pub(crate) per_sec: f64,
-    /// Against idempotency off with the same handler.
-    pub(crate) vs_off: f64,
+    /// Against idempotency off with the same handler, round by round (empty for a case
+    /// with idempotency off); the target decides on their median.
+    pub(crate) vs_off: Paired,
+}
+
+/// The ratio of each protected case to idempotency off with the same handler, round by
+/// round. `cases`: whether idemkit is on, the handler's time, the messages/s per round.
+pub(crate) fn vs_off(cases: &[(bool, Duration, &[f64])]) -> Vec<Paired> {
+    cases
+        .iter()
+        .map(|(protected, handler, rounds)| {
+            let off = cases.iter().find(|(p, h, _)| !p && h == handler);
+            match off {
+                Some((_, _, off)) if *protected => {
+                    let some = |r: &[f64]| r.iter().map(|x| Some(*x)).collect::<Vec<_>>();
+                    Paired::of(&some(rounds), &some(off))
+                }
+                _ => Paired::default(),
+            }
+        })
+        .collect()
+}
+
+/// Whether a runner's rounds so far disagree on a target: a protected case's ratio to
+/// idempotency off lies on both sides of `target(handler)` (`None`: no target for that
+/// handler).
+pub(crate) fn undecided(
+    cases: &[(bool, Duration, &[f64])],
+    target: impl Fn(Duration) -> Option<f64>,
+) -> bool {
+    cases
+        .iter()
+        .zip(vs_off(cases))
+        .any(|((_, handler, _), p)| target(*handler).is_some_and(|t| p.straddles(t)))
+}
+
+/// [`undecided`] for a runner whose cases are `modes` (whether idemkit is on, the
+/// handler's time), against [`runner_target`].
+pub(crate) fn runner_undecided(
+    modes: impl Iterator<Item = (bool, Duration)>,
+    results: &[Vec<f64>],
+) -> bool {
+    let cases: Vec<_> = modes
+        .zip(results)
+        .map(|((p, h), r)| (p, h, &r[..]))
+        .collect();
+    undecided(&cases, runner_target)
+}
+
+/// Messages a case consumes: all of them with an empty handler; a fifth (at least 100)
+/// with a 1 ms one, which is bounded by the handlers (a fifth is enough to measure it).
+pub(crate) fn messages_for(handler: Duration, messages: usize) -> usize {
+    if handler.is_zero() {
+        messages
+    } else {
+        (messages / 5).max(100)
+    }
+}
+
+/// The JetStream and RabbitMQ runners' targets (issue 51): at least 0.7× idempotency off
+/// with an empty handler, 0.9× with a 1 ms one.
+pub(crate) fn runner_target(handler: Duration) -> Option<f64> {
+    Some(if handler.is_zero() { 0.7 } else { 0.9 })
 }
 
 /// A runner's cases as a table and rows: each case's median round, the spread of its rounds
-/// (slowest to fastest) beside it, and its ratio to idempotency off with the same handler,
-/// with the spread of that ratio round by round (rounds are interleaved, so round `i` of
-/// both cases ran side by side). `cases`: each case's name, whether idemkit is on, its
-/// handler's time, and its messages/s per round.
+/// (slowest to fastest) beside it, and its ratio to idempotency off with the same handler:
+/// the median of the ratios round by round (rounds are interleaved, so round `i` of both
+/// cases ran side by side), with their spread. `cases`: each case's name, whether idemkit
+/// is on, its handler's time, and its messages/s per round.
 pub(crate) fn runner_table(
     title: String,
     cases: &[(String, bool, Duration, Vec<f64>)],
@@ -113,27 +176,24 @@ pub(crate) fn runner_table(
         (lo, hi)
     };
     let mut out = format!(
-        "{title}\n\n| case | messages/s (median) | rounds' spread | vs idempotency off | its spread |\n|---|---|---|---|---|\n"
+        "{title}\n\n| case | messages/s (median) | rounds' spread | vs idempotency off (median of the rounds' ratios) | its spread |\n|---|---|---|---|---|\n"
+    );
+    let ratios = vs_off(
+        &cases
+            .iter()
+            .map(|(_, p, h, r)| (*p, *h, &r[..]))
+            .collect::<Vec<_>>(),
     );
     let mut rows = Vec::new();
-    for (name, protected, handler, rounds) in cases {
+    for ((name, _, _, rounds), vs_off) in cases.iter().zip(ratios) {
         let per_sec = median(rounds);
-        let off = cases
-            .iter()
-            .find(|(_, p, h, _)| !p && h == handler)
-            .map(|(_, _, _, r)| r);
-        let (vs_off, ratios) = match off {
-            Some(off) if *protected => {
-                let ratios: Vec<f64> = rounds.iter().zip(off).map(|(a, b)| a / b).collect();
-                (per_sec / median(off), Some(spread(&ratios)))
-            }
-            Some(off) => (per_sec / median(off), None),
-            None => (f64::NAN, None),
-        };
         let (lo, hi) = spread(rounds);
-        let ratio_spread = ratios.map_or("-".to_string(), |(a, b)| format!("{a:.2}–{b:.2}×"));
+        let (median, ratio_spread) = match (vs_off.median(), vs_off.spread()) {
+            (Some(m), Some((a, b))) => (format!("{m:.2}×"), format!("{a:.2}–{b:.2}×")),
+            _ => ("-".to_string(), "-".to_string()),
+        };
         out.push_str(&format!(
-            "| {name} | {per_sec:.0} | {lo:.0}–{hi:.0} | {vs_off:.2}× | {ratio_spread} |\n"
+            "| {name} | {per_sec:.0} | {lo:.0}–{hi:.0} | {median} | {ratio_spread} |\n"
         ));
         rows.push(ConsumerRow {
             case: name.clone(),
@@ -158,6 +218,7 @@ pub(crate) async fn run(
     redis_url: &str,
     messages: usize,
     rounds: usize,
+    max_rounds: usize,
 ) -> Result<(String, Vec<ConsumerRow>), String> {
     let topic = format!("idemkit-bench-{:x}", fastrand::u64(..));
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
@@ -212,20 +273,19 @@ pub(crate) async fn run(
         .map_err(|e| e.to_string())?;
 
     let modes = MODES;
-    let mut results: Vec<Vec<Measured>> = modes.iter().map(|_| Vec::new()).collect();
-    for round in 0..rounds {
-        for (i, mode) in modes.iter().enumerate() {
-            eprintln!("kafka: round {}/{rounds}: {}", round + 1, mode.name());
-            let before = crate::measure::commandstats(&redis).await?;
-            // A 1 ms handler is bounded by the partitions (one message at a time each):
-            // a fifth of the messages are enough.
-            let n = if mode.handler.is_zero() {
-                messages
-            } else {
-                (messages / 5).max(100)
-            };
-            let per_sec = consume(brokers, redis_url, &topic, n, *mode).await?;
-            let after = crate::measure::commandstats(&redis).await?;
+    let redis = &redis;
+    let (topic, max) = (&topic, max_rounds);
+    let results = crate::paired::interleaved(
+        &modes,
+        rounds,
+        max,
+        |round, mode: Mode| async move {
+            eprintln!("kafka: round {}: {}", round + 1, mode.name());
+            let before = crate::measure::commandstats(redis).await?;
+            // A 1 ms handler is bounded by the partitions (one message at a time each).
+            let n = messages_for(mode.handler, messages);
+            let per_sec = consume(brokers, redis_url, topic, n, mode).await?;
+            let after = crate::measure::commandstats(redis).await?;
             let calls = |s: &crate::measure::Stats, only: Option<&str>| -> u64 {
                 s.iter()
                     .filter(|(name, _)| name.as_str() != "info")
@@ -235,16 +295,33 @@ pub(crate) async fn run(
             };
             let per =
                 |only| calls(&after, only).saturating_sub(calls(&before, only)) as f64 / n as f64;
-            results[i].push(Measured {
+            Ok(Measured {
                 per_sec,
                 round_trips: per(Some("evalsha")),
                 commands: per(None),
-            });
-        }
-    }
+            })
+        },
+        |results: &[Vec<Measured>]| {
+            let per_sec: Vec<Vec<f64>> = results
+                .iter()
+                .map(|r| r.iter().map(|m| m.per_sec).collect())
+                .collect();
+            undecided(&cases_of(&modes, &per_sec), |h| {
+                (!h.is_zero()).then_some(0.8)
+            })
+        },
+    )
+    .await?;
+    let per_sec: Vec<Vec<f64>> = results
+        .iter()
+        .map(|r| r.iter().map(|m| m.per_sec).collect())
+        .collect();
+    let paired = vs_off(&cases_of(&modes, &per_sec));
+    let rounds = results[0].len();
+    let mut results = results;
     let mut out = format!(
         "Kafka consumer: {messages} messages, {PARTITIONS} partitions, broker {brokers}, store {redis_url}; median of {rounds} interleaved rounds\n\n\
-         | case | messages/s | vs idempotency off | store round trips per message | Redis commands per message (scripts' included) |\n|---|---|---|---|---|\n"
+         | case | messages/s | vs idempotency off (median of the rounds' ratios, their spread) | store round trips per message | Redis commands per message (scripts' included) |\n|---|---|---|---|---|\n"
     );
     let medians: Vec<&Measured> = results
         .iter_mut()
@@ -254,25 +331,20 @@ pub(crate) async fn run(
         })
         .collect();
     let mut rows = Vec::new();
-    for (mode, m) in modes.iter().zip(&medians) {
-        // Each against idempotency off with the same handler.
-        let off = modes
-            .iter()
-            .zip(&medians)
-            .find(|(o, _)| !o.protected && o.handler == mode.handler)
-            .map_or(f64::NAN, |(_, o)| o.per_sec);
+    for ((mode, m), vs_off) in modes.iter().zip(&medians).zip(paired) {
+        // Each against idempotency off with the same handler, round by round.
         out.push_str(&format!(
-            "| {} | {:.0} | {:.2}× | {:.2} | {:.2} |\n",
+            "| {} | {:.0} | {} | {:.2} | {:.2} |\n",
             mode.name(),
             m.per_sec,
-            m.per_sec / off,
+            vs_off.show(),
             m.round_trips,
             m.commands
         ));
         rows.push(ConsumerRow {
             case: mode.name(),
             per_sec: m.per_sec,
-            vs_off: m.per_sec / off,
+            vs_off,
         });
     }
     out.push_str(&format!(
@@ -282,6 +354,15 @@ pub(crate) async fn run(
         medians[1].round_trips
     ));
     Ok((out, rows))
+}
+
+/// The cases as `vs_off` and `undecided` take them.
+fn cases_of<'a>(modes: &[Mode], per_sec: &'a [Vec<f64>]) -> Vec<(bool, Duration, &'a [f64])> {
+    modes
+        .iter()
+        .zip(per_sec)
+        .map(|(m, r)| (m.protected, m.handler, &r[..]))
+        .collect()
 }
 
 /// Consumes every message of `topic` once with a new group; messages per second between

@@ -16,11 +16,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use clap::Parser;
+mod duel;
 mod http;
 mod jetstream;
 mod kafka;
 mod measure;
 mod mysql;
+mod paired;
 mod plots;
 mod postgres;
 mod publish;
@@ -169,22 +171,58 @@ fn main() -> ExitCode {
     // One round is idemkit's cases then the peers'; rounds alternate, so a slow spell of the
     // machine falls on every library rather than on one.
     if !args.skip_redis {
-        let mut round = 0;
-        let result = runtime.block_on(measure::rounds(args.rounds, || {
-            round += 1;
-            let round = round;
-            async move {
-                eprintln!("round {round} of {}: Redis at {}", args.rounds, args.store);
-                let mut report = measure::run(&args.store, args.ops, args.workers).await?;
-                report.rows.extend(peers(&args.store, args.ops).await?);
+        // The servers' names, for the targets the rounds decide (Valkey's are not Redis 7's).
+        let names = runtime.block_on(async {
+            let first = measure::Bench::connect(&args.store)
+                .await?
+                .server_version()
+                .await?;
+            let second = match &args.valkey {
+                Some(url) => Some(measure::Bench::connect(url).await?.server_version().await?),
+                None => None,
+            };
+            Ok::<_, String>((first, second))
+        });
+        let (first, second) = match names {
+            Ok(names) => names,
+            Err(e) => {
+                eprintln!("idemkit-bench: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let result = runtime.block_on(measure::rounds(
+            args.rounds,
+            args.max_rounds(),
+            |round| async move {
+                eprintln!("round {}: Redis at {}", round + 1, args.store);
+                // idemkit's cases and the peers' take turns at going first.
+                let (mut report, peer_rows) = if round % 2 == 0 {
+                    let report = measure::run(&args.store, args.ops, args.workers, round).await?;
+                    (report, peers(&args.store, args.ops).await?)
+                } else {
+                    let rows = peers(&args.store, args.ops).await?;
+                    (
+                        measure::run(&args.store, args.ops, args.workers, round).await?,
+                        rows,
+                    )
+                };
+                report.rows.extend(peer_rows);
+                report.duels = duel::run(&args.store, args.ops, round).await?;
                 if let Some(valkey) = &args.valkey {
-                    eprintln!(
-                        "round {round} of {}: the second server at {valkey}",
-                        args.rounds
-                    );
-                    let second = measure::run(valkey, args.ops, args.workers).await?;
+                    eprintln!("round {}: the second server at {valkey}", round + 1);
+                    let (second, peer_rows) = if round % 2 == 0 {
+                        let second = measure::run(valkey, args.ops, args.workers, round).await?;
+                        (second, peers(valkey, args.ops).await?)
+                    } else {
+                        let rows = peers(valkey, args.ops).await?;
+                        (
+                            measure::run(valkey, args.ops, args.workers, round).await?,
+                            rows,
+                        )
+                    };
                     report.second = second.rows;
-                    report.second.extend(peers(valkey, args.ops).await?);
+                    report.second.extend(peer_rows);
+                    report.second_duels = duel::run(valkey, args.ops, round).await?;
                 }
                 if args.out.is_some() {
                     let bench = measure::Bench::connect(&args.store).await?;
@@ -201,11 +239,16 @@ fn main() -> ExitCode {
                         .extend(suite::sealed(&bench, &args.store, args.ops).await?);
                 }
                 Ok(report)
-            }
-        }));
+            },
+            |report| publish::redis_undecided(report, &first, second.as_ref()),
+        ));
         match result {
             Ok(report) => {
                 print!("{report}");
+                print!(
+                    "{}",
+                    publish::redis_summary(&report, &first, second.as_ref())
+                );
                 redis_report = Some(report);
             }
             Err(e) => {
@@ -241,7 +284,13 @@ fn main() -> ExitCode {
     let mut consumers = publish::Consumers::default();
     if let Some(brokers) = &args.kafka {
         let messages = args.kafka_messages;
-        match runtime.block_on(kafka::run(brokers, &args.store, messages, args.rounds)) {
+        match runtime.block_on(kafka::run(
+            brokers,
+            &args.store,
+            messages,
+            args.rounds,
+            args.max_rounds(),
+        )) {
             Ok((report, rows)) => {
                 print!("\n{report}");
                 consumers.kafka = Some((report, rows));
@@ -254,7 +303,13 @@ fn main() -> ExitCode {
     }
     if let Some(url) = &args.jetstream {
         let messages = args.kafka_messages;
-        match runtime.block_on(jetstream::run(url, &args.store, messages, args.rounds)) {
+        match runtime.block_on(jetstream::run(
+            url,
+            &args.store,
+            messages,
+            args.rounds,
+            args.max_rounds(),
+        )) {
             Ok((report, rows)) => {
                 print!("\n{report}");
                 consumers.jetstream = Some((report, rows));
@@ -267,7 +322,13 @@ fn main() -> ExitCode {
     }
     if let Some(uri) = &args.rabbitmq {
         let messages = args.kafka_messages;
-        match runtime.block_on(rabbitmq::run(uri, &args.store, messages, args.rounds)) {
+        match runtime.block_on(rabbitmq::run(
+            uri,
+            &args.store,
+            messages,
+            args.rounds,
+            args.max_rounds(),
+        )) {
             Ok((report, rows)) => {
                 print!("\n{report}");
                 consumers.rabbitmq = Some((report, rows));

@@ -36,11 +36,17 @@ pub(crate) struct BenchArgs {
     /// the second core to Redis.
     #[arg(long, default_value_t = 1)]
     pub(crate) workers: usize,
-    /// Rounds: every case runs this many times, the cases of one round after another, and
-    /// each row reports the round with the median throughput. On a noisy machine one
-    /// round can be off by a quarter; interleaved rounds keep the comparison fair.
+    /// Rounds: every case runs this many times, the cases of one round after another (in an
+    /// order that turns from round to round), and each row reports the round with the
+    /// median throughput. On a noisy machine one round can be off by a third; interleaved
+    /// rounds keep the comparison fair, and each target's ratio is the median of its
+    /// ratios within each round.
     #[arg(long, default_value_t = 3)]
     pub(crate) rounds: usize,
+    /// At most this many rounds (default: twice `--rounds`): after `--rounds`, more rounds
+    /// run while some target's per-round ratios lie on both sides of it.
+    #[arg(long)]
+    pub(crate) max_rounds: Option<usize>,
     /// Also measure PostgreSQL (`PgStore` against a primary-key `SELECT` and a one-row
     /// `INSERT`) on this server, e.g. `postgres://postgres@127.0.0.1:5432/test`. Counting
     /// statements reads the server log and needs a superuser (`SET log_statement`).
@@ -164,6 +170,13 @@ pub(crate) struct Report {
     /// The Redis cases on the second server (`--valkey`), folded as `rows` are; empty
     /// without one.
     pub(crate) second: Vec<Row>,
+    /// Every round's rows, in round order (one round: `rows` itself): the targets' ratios
+    /// are taken within each round (`paired`).
+    pub(crate) per_round: Vec<Vec<Row>>,
+    /// idemkit against the Rust peers in slices (`duel`), every round's slices together.
+    pub(crate) duels: Vec<crate::duel::Duel>,
+    /// The same on the second server.
+    pub(crate) second_duels: Vec<crate::duel::Duel>,
 }
 
 /// Runs `ops` calls spread over `concurrency` tasks (task `t` passes `t * per_task + i`, so
@@ -428,13 +441,14 @@ impl Bench {
 const CONNECTION_SETUP: [&str; 3] = ["\"CLIENT\"", "\"client\"", "\"HELLO\""];
 
 /// Runs the benchmark against a Redis URL with `ops` operations per concurrent case:
-/// the floor, idemkit's hit and miss paths, and waiter wake-ups.
+/// the floor, idemkit's hit and miss paths, and waiter wake-ups; `round` (counted from 0)
+/// turns the order of the miss variants.
 ///
 /// # Example
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), String> {
-/// let report = idemkit_bench::run("redis://127.0.0.1:6379", 100_000, 1).await?;
+/// let report = idemkit_bench::run("redis://127.0.0.1:6379", 100_000, 1, 0).await?;
 /// println!("{report}");
 /// # Ok(()) }
 /// ```
@@ -442,7 +456,12 @@ const CONNECTION_SETUP: [&str; 3] = ["\"CLIENT\"", "\"client\"", "\"HELLO\""];
 /// # Errors
 ///
 /// A Redis error (connection refused...), as text.
-pub(crate) async fn run(url: &str, ops: usize, workers: usize) -> Result<Report, String> {
+pub(crate) async fn run(
+    url: &str,
+    ops: usize,
+    workers: usize,
+    round: usize,
+) -> Result<Report, String> {
     let bench = Bench::connect(url).await?;
     let store = RedisStore::builder()
         .prefix(format!("idemkit-bench:{:x}", fastrand::u64(..)))
@@ -532,11 +551,14 @@ pub(crate) async fn run(url: &str, ops: usize, workers: usize) -> Result<Report,
                 })
                 .await?,
         );
-        for (case, c, next) in [
+        // The three miss variants in an order of the round's (`paired::rotated`): the
+        // first after the hits meets a server whose memory the hits left warm.
+        let variants = [
             ("idemkit miss", &coordinator, &next),
             ("idemkit miss, coalescing off", &single, &next_single),
             ("idemkit miss, begin script", &scripted, &next_scripted),
-        ] {
+        ];
+        for (case, c, next) in crate::paired::rotated(&variants, round) {
             let (c, o, next) = (c.clone(), op.clone(), next.clone());
             rows.push(
                 bench
@@ -561,14 +583,25 @@ pub(crate) async fn run(url: &str, ops: usize, workers: usize) -> Result<Report,
     Ok(Report {
         workers,
         rounds: 1,
+        per_round: vec![rows.clone()],
         rows,
         wakeups,
         second: Vec::new(),
+        duels: Vec::new(),
+        second_duels: Vec::new(),
     })
 }
 
-/// Runs `round` `rounds` times (at least once), one after another, and folds the reports
-/// with [`Report::median_of`].
+impl BenchArgs {
+    /// The most rounds a comparison may run (see `max_rounds`).
+    pub(crate) fn max_rounds(&self) -> usize {
+        self.max_rounds.unwrap_or(2 * self.rounds).max(self.rounds)
+    }
+}
+
+/// Runs `round(i)` for rounds `i = 0, 1, …`, one after another: `min` rounds (at least
+/// one), then more while `undecided` says the rounds so far disagree on a target, up to
+/// `max`; folds the reports with [`Report::median_of`].
 ///
 /// # Errors
 ///
@@ -579,26 +612,42 @@ pub(crate) async fn run(url: &str, ops: usize, workers: usize) -> Result<Report,
 /// ```no_run
 /// # async fn run() -> Result<(), String> {
 /// use idemkit_bench;
-/// let report = bench::rounds(3, || bench::run("redis://127.0.0.1:6379", 10_000, 1)).await?;
+/// let report = bench::rounds(3, 6, |i| bench::run("redis://127.0.0.1:6379", 10_000, 1, i), |_| false).await?;
 /// println!("{report}");
 /// # Ok(()) }
 /// ```
-pub(crate) async fn rounds<F, Fut>(rounds: usize, mut round: F) -> Result<Report, String>
+pub(crate) async fn rounds<F, Fut>(
+    min: usize,
+    max: usize,
+    mut round: F,
+    undecided: impl Fn(&Report) -> bool,
+) -> Result<Report, String>
 where
-    F: FnMut() -> Fut,
+    F: FnMut(usize) -> Fut,
     Fut: Future<Output = Result<Report, String>>,
 {
-    let mut reports = Vec::with_capacity(rounds.max(1));
-    for _ in 0..rounds.max(1) {
-        reports.push(round().await?);
+    let mut reports = Vec::with_capacity(max.max(min).max(1));
+    loop {
+        let folded = Report::median_of(reports.clone());
+        let undecided = folded.as_ref().is_some_and(&undecided);
+        if !crate::paired::more_rounds(reports.len(), min, max, undecided) {
+            return Ok(folded.expect("at least one round"));
+        }
+        if reports.len() >= min.max(1) {
+            eprintln!(
+                "the rounds disagree on a target: round {}",
+                reports.len() + 1
+            );
+        }
+        reports.push(round(reports.len()).await?);
     }
-    Ok(Report::median_of(reports).expect("at least one round"))
 }
 
 impl Report {
-    /// Folds rounds of the same cases into one report: for each row, the round with the
-    /// median throughput (its latencies and counts with it), and all wake-up trials.
-    /// `None` without rounds.
+    /// Folds rounds of the same cases into one report: for each row (a case at a
+    /// concurrency, in the first round's order), the round with the median throughput (its
+    /// latencies and counts with it), every round's rows as they were, and all wake-up
+    /// trials. `None` without rounds.
     ///
     /// # Example
     ///
@@ -616,26 +665,55 @@ impl Report {
     ///     }],
     ///     wakeups: vec![Duration::from_micros(ops_per_sec as u64)],
     ///     second: Vec::new(),
+    ///     per_round: Vec::new(),
+    ///     duels: Vec::new(),
+    ///     second_duels: Vec::new(),
     /// };
     /// let report = Report::median_of(vec![round(3.0), round(1.0), round(2.0)]).unwrap();
     /// assert_eq!((report.rounds, report.rows[0].ops_per_sec), (3, 2.0));
     /// assert_eq!(report.wakeups.len(), 3);
+    /// assert_eq!(report.per_round.len(), 3);
     /// ```
     pub(crate) fn median_of(rounds: Vec<Report>) -> Option<Report> {
         let first = rounds.first()?;
         let (workers, n) = (first.workers, rounds.len());
-        let median = |n: usize, rows_of: &dyn Fn(&Report) -> &[Row]| -> Vec<Row> {
-            (0..n)
-                .map(|i| {
-                    let mut of_case: Vec<&Row> =
-                        rounds.iter().filter_map(|r| rows_of(r).get(i)).collect();
+        // A round may run its cases in another order (`paired::rotated`): rows are matched
+        // by case and concurrency, not by place.
+        let median = |rows_of: &dyn Fn(&Report) -> &[Row]| -> Vec<Row> {
+            rows_of(first)
+                .iter()
+                .map(|row| {
+                    let mut of_case: Vec<&Row> = rounds
+                        .iter()
+                        .filter_map(|r| {
+                            rows_of(r)
+                                .iter()
+                                .find(|o| o.case == row.case && o.concurrency == row.concurrency)
+                        })
+                        .collect();
                     of_case.sort_by(|a, b| a.ops_per_sec.total_cmp(&b.ops_per_sec));
                     of_case[of_case.len() / 2].clone()
                 })
                 .collect()
         };
-        let rows = median(first.rows.len(), &|r| &r.rows);
-        let second = median(first.second.len(), &|r| &r.second);
+        let rows = median(&|r| &r.rows);
+        let second = median(&|r| &r.second);
+        let per_round = rounds.iter().map(|r| r.rows.clone()).collect();
+        // Each kind's slices of every round, as one duel.
+        let joined = |duels_of: &dyn Fn(&Report) -> &[crate::duel::Duel]| {
+            duels_of(first)
+                .iter()
+                .map(|d| {
+                    let same: Vec<_> = rounds
+                        .iter()
+                        .flat_map(|r| duels_of(r).iter().filter(|o| o.kind == d.kind))
+                        .collect();
+                    crate::duel::Duel::join(&same)
+                })
+                .collect::<Vec<_>>()
+        };
+        let duels = joined(&|r| &r.duels);
+        let second_duels = joined(&|r| &r.second_duels);
         let mut wakeups: Vec<Duration> = rounds.into_iter().flat_map(|r| r.wakeups).collect();
         wakeups.sort();
         Some(Report {
@@ -644,6 +722,9 @@ impl Report {
             rows,
             wakeups,
             second,
+            per_round,
+            duels,
+            second_duels,
         })
     }
 }

@@ -6,8 +6,10 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
 
+use crate::duel::Duel;
 use crate::kafka::ConsumerRow;
 use crate::measure::{Report, Row};
+use crate::paired::Paired;
 use crate::plots::plots;
 use crate::postgres::SqlReport;
 use crate::suite::RecordBytes;
@@ -57,21 +59,26 @@ pub(crate) fn write(
     for (file, svg) in &plots {
         std::fs::write(dir.join(file), svg)?;
     }
-    let servers = Servers {
-        first: (&meta.redis_version, &report.rows, c1),
-        second: meta
-            .second_version
-            .as_ref()
-            .map(|v| (v, &report.second[..], c1_second)),
-    };
+    let servers = Servers::of(
+        report,
+        &meta.redis_version,
+        meta.second_version.as_ref(),
+        [c1, c1_second],
+    );
     std::fs::write(
         dir.join("results.md"),
         markdown(meta, report, &servers, bytes, pg, consumers, &plots),
     )
 }
 
-/// One server's Redis cases: its name and version, its rows, its interleaved c=1 latencies.
-type OnServer<'a> = (&'a String, &'a [Row], &'a [(&'static str, Vec<Duration>)]);
+/// One server's Redis cases: its name and version, its rows (each the median round's),
+/// its interleaved c=1 latencies, and idemkit against the peers in slices.
+type OnServer<'a> = (
+    &'a String,
+    &'a [Row],
+    &'a [(&'static str, Vec<Duration>)],
+    &'a [Duel],
+);
 
 /// The servers the Redis cases ran on: the first (`--store`) and the second (`--valkey`).
 struct Servers<'a> {
@@ -80,6 +87,18 @@ struct Servers<'a> {
 }
 
 impl<'a> Servers<'a> {
+    fn of(
+        report: &'a Report,
+        first: &'a String,
+        second: Option<&'a String>,
+        [c1, c1_second]: [&'a [(&'static str, Vec<Duration>)]; 2],
+    ) -> Self {
+        Servers {
+            first: (first, &report.rows, c1, &report.duels),
+            second: second.map(|v| (v, &report.second[..], c1_second, &report.second_duels[..])),
+        }
+    }
+
     fn each(&self) -> impl Iterator<Item = OnServer<'a>> {
         std::iter::once(self.first).chain(self.second)
     }
@@ -98,6 +117,34 @@ fn ops_in(rows: &[Row], case: &str, concurrency: usize) -> Option<f64> {
     find(rows, case, concurrency).map(|r| r.ops_per_sec)
 }
 
+/// A case's throughput in each round.
+fn ops_per_round(rounds: &[Vec<Row>], case: &str, concurrency: usize) -> Vec<Option<f64>> {
+    rounds
+        .iter()
+        .map(|rows| ops_in(rows, case, concurrency))
+        .collect()
+}
+
+/// The targets decided within rounds (`redis_undecided`'s), one line each, for the
+/// terminal.
+pub(crate) fn redis_summary(report: &Report, first: &String, second: Option<&String>) -> String {
+    let servers = Servers::of(report, first, second, [&[], &[]]);
+    let mut s = String::from("\nTargets decided within rounds:\n");
+    for t in redis_targets(&servers) {
+        let _ = writeln!(s, "  {}: {} (target {})", t.what, t.measured, t.target);
+    }
+    s
+}
+
+/// Whether the Redis rounds so far disagree on one of the targets decided within rounds
+/// (idemkit against the fastest Rust peer, the Valkey server's CPU per miss): another
+/// round is due (`paired::more_rounds`). `first` and `second` are the servers' names, as
+/// `results.md` gives them (`Valkey …` for Valkey).
+pub(crate) fn redis_undecided(report: &Report, first: &String, second: Option<&String>) -> bool {
+    let servers = Servers::of(report, first, second, [&[], &[]]);
+    redis_targets(&servers).iter().any(|t| t.undecided)
+}
+
 /// A percentile of an interleaved case's sorted latencies, µs.
 pub(crate) fn c1_us(c1: &[(&'static str, Vec<Duration>)], case: &str, p: usize) -> Option<f64> {
     let (_, l) = c1.iter().find(|(name, l)| *name == case && !l.is_empty())?;
@@ -110,28 +157,37 @@ struct Target {
     measured: String,
     target: &'static str,
     met: Option<bool>,
+    /// The rounds disagree on it (`Paired::straddles`): more rounds would decide it.
+    undecided: bool,
 }
 
-fn targets(
-    report: &Report,
-    servers: &Servers<'_>,
-    pg: Option<&SqlReport>,
-    consumers: &Consumers,
-) -> Vec<Target> {
+impl Target {
+    /// A ratio decided within each round: met when the median of the rounds' ratios is
+    /// at least `at_least`; `detail` follows the spread (the median rounds' figures).
+    fn paired(
+        what: String,
+        p: &Paired,
+        detail: String,
+        target: &'static str,
+        at_least: f64,
+    ) -> Option<Self> {
+        let median = p.median()?;
+        Some(Target {
+            what,
+            measured: p.show_with(&detail),
+            target,
+            met: Some(median >= at_least),
+            undecided: p.straddles(at_least),
+        })
+    }
+}
+
+/// The targets on each Redis server decided slice by slice (`duel`): idemkit's c=64
+/// misses and hits against the faster Rust peer of the same slice (issues 35 and 51), and
+/// the server's CPU per miss over idemkit's miss slices.
+fn redis_targets(servers: &Servers<'_>) -> Vec<Target> {
     let mut out = Vec::new();
-    let mut ratio = |what: String, num: Option<f64>, den: Option<f64>, target, at_least: f64| {
-        if let (Some(n), Some(d)) = (num, den) {
-            let r = n / d;
-            out.push(Target {
-                what,
-                measured: format!("{r:.2}× ({n:.0} / {d:.0})"),
-                target,
-                met: Some(r >= at_least),
-            });
-        }
-    };
-    // Redis and Valkey, issue 35: first deliveries ahead of every peer on each server.
-    for (server, rows, _) in servers.each() {
+    for (server, rows, _, duels) in servers.each() {
         let valkey = server.starts_with("Valkey");
         // Issue 51's targets: Valkey 9.1 at least 1.5×, Redis 7.0 at least 1.1×.
         let misses = if valkey {
@@ -140,27 +196,77 @@ fn targets(
             ("≥ 1.10×", 1.1)
         };
         for (kind, (target, at_least)) in [("miss", misses), ("hit", ("≥ 1.50×", 1.5))] {
-            let ik = ops_in(rows, &format!("idempotency-kit {kind}"), 64);
-            let idem = ops_in(rows, &format!("idempotent {kind}"), 64);
-            let fastest = match (ik, idem) {
-                (Some(a), Some(b)) => Some(a.max(b)),
-                (a, b) => a.or(b),
+            let Some(duel) = duels.iter().find(|d| d.kind == kind) else {
+                continue;
             };
-            ratio(
+            let rows = match (
+                ops_in(rows, &format!("idemkit {kind}"), 64),
+                ops_in(rows, &format!("idempotency-kit {kind}"), 64),
+                ops_in(rows, &format!("idempotent {kind}"), 64),
+            ) {
+                (Some(i), Some(a), Some(b)) => {
+                    format!("the median rounds' rows {i:.0} / {:.0}", a.max(b))
+                }
+                _ => String::new(),
+            };
+            out.extend(Target::paired(
                 format!("{server}: c=64 {kind}es/s: idemkit / the fastest Rust peer")
                     .replace("hites", "hits"),
-                ops_in(rows, &format!("idemkit {kind}"), 64),
-                fastest,
+                &Paired::slices(duel.ratios()),
+                rows,
                 target,
                 at_least,
-            );
+            ));
+        }
+        let miss = Paired::slices(
+            duels
+                .iter()
+                .find(|d| d.kind == "miss")
+                .map(|d| d.idemkit_cpu_us.clone())
+                .unwrap_or_default(),
+        );
+        let per_get = find(rows, "floor: GET", 64).map(|r| r.redis_cpu_usec_per_call);
+        if let (Some(us), Some((lo, hi)), Some(per_get)) = (miss.median(), miss.spread(), per_get) {
+            out.push(Target {
+                what: format!("{server}: server CPU per coalesced miss, c=64 (`INFO cpu`)"),
+                measured: format!(
+                    "{us:.2} µs ({lo:.2}–{hi:.2} µs, {} slices; {:.1} GETs' worth at c=64: {per_get:.2} µs each)",
+                    miss.ratios.len(),
+                    us / per_get
+                ),
+                target: if valkey { "≤ 4 µs" } else { "(measured)" },
+                met: valkey.then_some(us <= 4.0),
+                undecided: valkey && miss.straddles(4.0),
+            });
         }
     }
+    out
+}
+
+fn targets(
+    report: &Report,
+    servers: &Servers<'_>,
+    pg: Option<&SqlReport>,
+    consumers: &Consumers,
+) -> Vec<Target> {
+    let mut out = redis_targets(servers);
+    let rounds = &report.per_round[..];
+    let mut ratio = |what: String, num: &str, den: &str, target, at_least: f64| {
+        let paired = Paired::of(
+            &ops_per_round(rounds, num, 64),
+            &ops_per_round(rounds, den, 64),
+        );
+        let medians = match (ops(report, num, 64), ops(report, den, 64)) {
+            (Some(n), Some(d)) => format!("median rounds {n:.0} / {d:.0}"),
+            _ => String::new(),
+        };
+        out.extend(Target::paired(what, &paired, medians, target, at_least));
+    };
     for kind in ["hit", "miss"] {
         ratio(
             format!("c=64 {kind}es/s: idemkit / idempotency-kit (Python)").replace("hites", "hits"),
-            ops(report, &format!("idemkit {kind}"), 64),
-            ops(report, &format!("idempotency-kit (Python) {kind}"), 64),
+            &format!("idemkit {kind}"),
+            &format!("idempotency-kit (Python) {kind}"),
             "≥ 45×",
             45.0,
         );
@@ -170,28 +276,13 @@ fn targets(
         ratio(
             format!("c=64 {kind}es/s: idemkit (Python) / idempotency-kit (Python)")
                 .replace("hites", "hits"),
-            ops(report, &format!("idemkit (Python) {kind}"), 64),
-            ops(report, &format!("idempotency-kit (Python) {kind}"), 64),
+            &format!("idemkit (Python) {kind}"),
+            &format!("idempotency-kit (Python) {kind}"),
             "≥ 5×",
             5.0,
         );
     }
-    for (server, rows, c1) in servers.each() {
-        let valkey = server.starts_with("Valkey");
-        if let (Some(miss), Some(get)) =
-            (find(rows, "idemkit miss", 64), find(rows, "floor: GET", 64))
-        {
-            let (us, per_get) = (miss.redis_cpu_usec_per_call, get.redis_cpu_usec_per_call);
-            out.push(Target {
-                what: format!("{server}: server CPU per coalesced miss, c=64 (`INFO cpu`)"),
-                measured: format!(
-                    "{us:.2} µs ({:.1} GETs' worth at c=64: {per_get:.2} µs each)",
-                    us / per_get
-                ),
-                target: if valkey { "≤ 4 µs" } else { "(measured)" },
-                met: valkey.then_some(us <= 4.0),
-            });
-        }
+    for (server, _, c1, _) in servers.each() {
         let get = c1_us(c1, "floor: GET", 50);
         if let (Some(hit), Some(get)) = (c1_us(c1, "idemkit hit", 50), get) {
             let r = hit / get;
@@ -200,6 +291,7 @@ fn targets(
                 measured: format!("{r:.2}× ({hit:.1} / {get:.1} µs)"),
                 target: "≤ 1.10×",
                 met: Some(r <= 1.1),
+                undecided: false,
             });
         }
         if let (Some(miss), Some(get)) = (c1_us(c1, "idemkit miss", 50), get) {
@@ -209,6 +301,7 @@ fn targets(
                 measured: format!("{r:.2}× ({miss:.1} / 2 × {get:.1} µs)"),
                 target: "≤ 1.20×",
                 met: Some(r <= 1.2),
+                undecided: false,
             });
         }
     }
@@ -230,6 +323,7 @@ fn targets(
                 ),
                 target: "≤ 1.50×",
                 met: Some(r <= 1.5),
+                undecided: false,
             });
             let r = miss.db_cpu_usec / peer.db_cpu_usec;
             out.push(Target {
@@ -240,6 +334,7 @@ fn targets(
                 ),
                 target: "≤ 1.50×",
                 met: Some(r <= 1.5),
+                undecided: false,
             });
         }
         if let (Some(miss), Some(insert)) = (
@@ -255,6 +350,7 @@ fn targets(
                 ),
                 target: "≥ 1.00×",
                 met: Some(r >= 1.0),
+                undecided: false,
             });
         }
         if let (Some(hit), Some(select)) =
@@ -270,6 +366,7 @@ fn targets(
                 ),
                 target: "≤ 1.30×",
                 met: Some(r <= 1.3),
+                undecided: false,
             });
         }
     }
@@ -283,15 +380,17 @@ fn targets(
                 measured: format!("{x:.2}× ({:.0}/s)", r.per_sec),
                 target: "≥ 4×",
                 met: Some(x >= 4.0),
+                undecided: false,
             });
         }
         if let Some(r) = find("runner + idemkit (Redis), batch 64, 1 ms handler") {
-            out.push(Target {
-                what: "Kafka runner, 1 ms handler: idemkit (Redis) / idempotency off".into(),
-                measured: format!("{:.2}× ({:.0}/s)", r.vs_off, r.per_sec),
-                target: "≥ 0.80×",
-                met: Some(r.vs_off >= 0.8),
-            });
+            out.extend(Target::paired(
+                "Kafka runner, 1 ms handler: idemkit (Redis) / idempotency off".into(),
+                &r.vs_off,
+                format!("{:.0}/s in the median round", r.per_sec),
+                "≥ 0.80×",
+                0.8,
+            ));
         }
     }
     // The JetStream and RabbitMQ runners, issue 51: batch claims.
@@ -310,12 +409,13 @@ fn targets(
                 } else {
                     handler
                 };
-                out.push(Target {
-                    what: format!("{runner} runner{what}: idemkit (Redis) / idempotency off"),
-                    measured: format!("{:.2}× ({:.0}/s)", r.vs_off, r.per_sec),
+                out.extend(Target::paired(
+                    format!("{runner} runner{what}: idemkit (Redis) / idempotency off"),
+                    &r.vs_off,
+                    format!("{:.0}/s in the median round", r.per_sec),
                     target,
-                    met: Some(r.vs_off >= at_least),
-                });
+                    at_least,
+                ));
             }
         }
     }
@@ -335,6 +435,7 @@ fn targets(
             ),
             target: "≥ 1.00×",
             met: Some(r >= 1.0),
+            undecided: false,
         });
     }
     // MemoryStore.
@@ -349,6 +450,7 @@ fn targets(
                 measured: format!("{ns:.0} ns"),
                 target,
                 met: Some(ns <= limit_ns),
+                undecided: false,
             });
         }
     }
@@ -363,6 +465,7 @@ fn targets(
                 measured: format!("{:.2}× ({:.0} / {:.0} ns)", plain / sealed, 1e9 / sealed, 1e9 / plain),
                 target: "(its cost)",
                 met: None,
+                undecided: false,
             });
         }
     }
@@ -379,6 +482,7 @@ fn targets(
                 measured: format!("{:.2}× ({sealed:.0} / {plain:.0})", sealed / plain),
                 target: "(its cost)",
                 met: None,
+                undecided: false,
             });
         }
     }
@@ -387,6 +491,7 @@ fn targets(
         measured: "`scripts/redis-instructions` (callgrind), not part of this run".into(),
         target: "(counted)",
         met: None,
+        undecided: false,
     });
     out
 }
@@ -448,23 +553,29 @@ fn markdown(
     );
     let _ = writeln!(
         s,
-        "- **Client:** {} tokio worker thread(s) for every library; each row is the round with the median throughput of {} interleaved round(s).\n",
+        "- **Client:** {} tokio worker thread(s) for every library; each row is the round with the median throughput of {} interleaved round(s), the cases' order turned from round to round.\n",
         report.workers, report.rounds
     );
 
     let c1 = servers.first.2;
     let _ = writeln!(s, "## Against the targets\n");
+    let _ = writeln!(
+        s,
+        "A ratio given with a spread and a count of rounds is decided round by round: the median of its ratios within each round (idemkit and its yardstick of the same round), then the lowest and the highest of them; where the rounds disagreed on a target, more rounds ran (up to `--max-rounds`), and *rounds split* marks a target they still disagree on.\n"
+    );
     let _ = writeln!(s, "| ratio | measured | target | met |\n|---|---|---|---|");
     for t in targets(report, servers, pg, consumers) {
-        let met = match t.met {
-            Some(true) => "yes",
-            Some(false) => "**no**",
-            None => "-",
+        let met = match (t.met, t.undecided) {
+            (Some(true), false) => "yes",
+            (Some(true), true) => "yes (rounds split)",
+            (Some(false), false) => "**no**",
+            (Some(false), true) => "**no** (rounds split)",
+            (None, _) => "-",
         };
         let _ = writeln!(s, "| {} | {} | {} | {met} |", t.what, t.measured, t.target);
     }
 
-    if let Some((second, rows, _)) = servers.second {
+    if let Some((second, rows, _, _)) = servers.second {
         let first = servers.first.0;
         let _ = writeln!(s, "\n## {first} and {second}, side by side\n");
         let _ = writeln!(

@@ -66,6 +66,7 @@ pub(crate) async fn run(
     redis_url: &str,
     messages: usize,
     rounds: usize,
+    max_rounds: usize,
 ) -> Result<(String, Vec<crate::kafka::ConsumerRow>), String> {
     let connection = Connection::connect(uri, ConnectionProperties::default())
         .await
@@ -78,22 +79,28 @@ pub(crate) async fn run(
         .confirm_select(Default::default())
         .await
         .map_err(|e| e.to_string())?;
-    let mut results: Vec<Vec<f64>> = MODES.iter().map(|_| Vec::new()).collect();
-    for round in 0..rounds {
-        for (i, mode) in MODES.iter().enumerate() {
-            eprintln!("rabbitmq: round {}/{rounds}: {}", round + 1, mode.name());
-            let n = if mode.handler.is_zero() {
-                messages
-            } else {
-                (messages / 5).max(100)
-            };
-            let queue = fill(&channel, n).await?;
-            results[i].push(consume(uri, &queue, redis_url, n, *mode).await?);
+    let channel = &channel;
+    let results = crate::paired::interleaved(
+        &MODES,
+        rounds,
+        max_rounds,
+        |round, mode: Mode| async move {
+            eprintln!("rabbitmq: round {}: {}", round + 1, mode.name());
+            let n = crate::kafka::messages_for(mode.handler, messages);
+            let queue = fill(channel, n).await?;
+            let per_sec = consume(uri, &queue, redis_url, n, mode).await?;
             let _ = channel
                 .queue_delete(queue.as_str().into(), Default::default())
                 .await;
-        }
-    }
+            Ok(per_sec)
+        },
+        |results: &[Vec<f64>]| {
+            let modes = MODES.iter().map(|m| (m.protected, m.handler));
+            crate::kafka::runner_undecided(modes, results)
+        },
+    )
+    .await?;
+    let rounds = results[0].len();
     let cases: Vec<(String, bool, Duration, Vec<f64>)> = MODES
         .iter()
         .zip(results)

@@ -91,6 +91,15 @@ fn the_benchmark_writes_its_tables_and_plots() {
                 .lines()
                 .find(|l| l.starts_with(&format!("| {server}")) && l.contains(what));
             assert!(line.is_some(), "no {server}…{what:?} in\n{results}");
+            // Decided slice by slice: the median ratio, the middle half, ten slices a round
+            // (one round here), and the median rounds' rows.
+            if what.contains("peer") {
+                let line = line.unwrap();
+                assert!(
+                    line.contains("×, 10 slices; the median rounds' rows "),
+                    "{line}"
+                );
+            }
         }
     }
     for line in [
