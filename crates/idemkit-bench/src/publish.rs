@@ -561,7 +561,7 @@ fn markdown(
     let _ = writeln!(s, "## Against the targets\n");
     let _ = writeln!(
         s,
-        "A ratio given with a spread and a count of rounds is decided round by round: the median of its ratios within each round (idemkit and its yardstick of the same round), then the lowest and the highest of them; where the rounds disagreed on a target, more rounds ran (up to `--max-rounds`), and *rounds split* marks a target they still disagree on.\n"
+        "A ratio given with a spread and a count of slices or rounds is decided pair by pair: the median of its ratios taken within each slice (idemkit and the Rust peers in turns of a fraction of a second, `duel`) or within each round (idemkit and its yardstick of the same round), then the middle half of them (the lower and the upper quartile; with three pairs, the lowest and the highest), and how many. Where a target's middle half lay on both sides of it after `--rounds`, more rounds ran (up to `--max-rounds`); *rounds split* marks a target still split at the end.\n"
     );
     let _ = writeln!(s, "| ratio | measured | target | met |\n|---|---|---|---|");
     for t in targets(report, servers, pg, consumers) {
