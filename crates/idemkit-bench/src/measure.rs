@@ -39,12 +39,14 @@ pub(crate) struct BenchArgs {
     /// Rounds: every case runs this many times, the cases of one round after another (in an
     /// order that turns from round to round), and each row reports the round with the
     /// median throughput. On a noisy machine one round can be off by a third; interleaved
-    /// rounds keep the comparison fair, and each target's ratio is the median of its
-    /// ratios within each round.
+    /// rounds keep the comparison fair, and each target's ratio is the median of ratios
+    /// taken side by side: within each round, or (idemkit against the Rust peers) within
+    /// each slice of a round (`duel`).
     #[arg(long, default_value_t = 3)]
     pub(crate) rounds: usize,
     /// At most this many rounds (default: twice `--rounds`): after `--rounds`, more rounds
-    /// run while some target's per-round ratios lie on both sides of it.
+    /// run while the middle half of some target's ratios (`paired`) lies on both sides of
+    /// it.
     #[arg(long)]
     pub(crate) max_rounds: Option<usize>,
     /// Also measure PostgreSQL (`PgStore` against a primary-key `SELECT` and a one-row
