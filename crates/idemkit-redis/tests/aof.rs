@@ -70,6 +70,12 @@ async fn a_server_that_cannot_wait_for_its_disk_is_refused_at_connect() {
 /// With the guard on the primary's disk and one replica's, every write phase is followed by
 /// a `WAITAOF` (none by `WAIT`): the call runs once, its replay is stored; with the replica
 /// gone, a reservation cannot reach its disk and nothing runs.
+///
+/// The healthy calls wait up to 30 s for the disks (`WAITAOF` answers as soon as they have
+/// the write, so this costs nothing when they do): with 500 ms, a fresh clone's test run
+/// saw the replay's `WAITAOF` time out on a busy machine (`stored: false`, the record not
+/// proven on the replica's disk in time). Only the refused call, whose wait must run out,
+/// has the short bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_aof_guard_a_call_runs_only_once_its_record_is_on_disk() {
     let Some(valkey) = valkey() else { return };
@@ -80,12 +86,14 @@ async fn with_the_aof_guard_a_call_runs_only_once_its_record_is_on_disk() {
     let mut replica = RedisProcess::start_as(&valkey, &replica_args);
     support::replica_synced(replica.port).await;
 
-    let store = RedisStore::builder()
-        .wait_for_aof(true, 1, Duration::from_millis(500))
-        .connect(&primary.url())
-        .await
-        .unwrap();
-    let c = Coordinator::new(store);
+    let url = primary.url();
+    let guarded = |timeout| {
+        RedisStore::builder()
+            .wait_for_aof(true, 1, timeout)
+            .connect(&url)
+    };
+    let c = Coordinator::new(guarded(Duration::from_secs(30)).await.unwrap());
+    let impatient = Coordinator::new(guarded(Duration::from_millis(500)).await.unwrap());
     let runs = AtomicUsize::new(0);
     let action = |_| async {
         runs.fetch_add(1, Ordering::SeqCst);
@@ -115,7 +123,7 @@ async fn with_the_aof_guard_a_call_runs_only_once_its_record_is_on_disk() {
 
     // The replica is gone: no replica's disk has the reservation, so nothing runs.
     replica.stop();
-    let refused = c
+    let refused = impatient
         .call(&op(), &Key::new("order-10").unwrap())
         .run(action)
         .await;

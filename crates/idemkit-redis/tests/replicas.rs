@@ -20,12 +20,17 @@ async fn with_the_guard_an_unreplicated_reservation_runs_nothing() {
     let mut replica = RedisProcess::start(&["--replicaof", "127.0.0.1", &primary.port.to_string()]);
     support::replica_synced(replica.port).await;
 
-    let guarded = RedisStore::builder()
-        .wait_for_replicas(1, Duration::from_millis(200))
-        .connect(&primary.url())
-        .await
-        .unwrap();
-    let c = Coordinator::new(guarded);
+    // The replicated calls may wait long for the replica (`WAIT` answers as soon as it has
+    // the write: a long bound costs nothing then, and a busy machine cannot make them fail);
+    // only the refused call, whose wait must run out, has a short one.
+    let url = primary.url();
+    let guarded = |timeout| {
+        RedisStore::builder()
+            .wait_for_replicas(1, timeout)
+            .connect(&url)
+    };
+    let c = Coordinator::new(guarded(Duration::from_secs(30)).await.unwrap());
+    let impatient = Coordinator::new(guarded(Duration::from_millis(200)).await.unwrap());
     let op = Operation::new("mail.invoice").unwrap();
     let runs = AtomicUsize::new(0);
     let action = |_| async {
@@ -49,7 +54,10 @@ async fn with_the_guard_an_unreplicated_reservation_runs_nothing() {
 
     // The replica is gone: a reservation cannot be acknowledged, so nothing runs.
     replica.stop();
-    let refused = c.call(&op, &Key::new("b").unwrap()).run(action).await;
+    let refused = impatient
+        .call(&op, &Key::new("b").unwrap())
+        .run(action)
+        .await;
     assert_eq!(refused.unwrap_err().kind(), ErrorKind::StoreUnavailable);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 
@@ -243,8 +251,16 @@ async fn an_acknowledged_write_survives_a_failover_only_when_every_replica_count
         let nowhere = support::free_port().to_string();
         assert_eq!(cli(b.port, &["replicaof", "127.0.0.1", &nowhere]), "OK");
         let n = if every { 2 } else { 1 };
+        // With n = 1, A acknowledges: a long bound costs nothing and a busy machine cannot
+        // turn the acknowledgement into a timeout; with every replica, the wait must run
+        // out (B never has the write).
+        let timeout = if every {
+            Duration::from_millis(300)
+        } else {
+            Duration::from_secs(30)
+        };
         let guarded = RedisStore::builder()
-            .wait_for_replicas(n, Duration::from_millis(300))
+            .wait_for_replicas(n, timeout)
             .connect(&primary.url())
             .await
             .unwrap();
