@@ -27,6 +27,7 @@ mod plots;
 mod postgres;
 mod publish;
 mod rabbitmq;
+mod rounds;
 mod suite;
 
 use measure::{Bench, Row};
@@ -190,7 +191,7 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let result = runtime.block_on(measure::rounds(
+        let result = runtime.block_on(rounds::rounds(
             args.rounds,
             args.max_rounds(),
             |round| async move {
