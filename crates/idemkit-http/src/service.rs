@@ -362,7 +362,10 @@ where
     // replay) this run, not cancel its effect half-way and run it again (ARCHITECTURE row
     // 17). A call that has not started its handler (a waiter, a replay) ends with its client;
     // with `cancel_with_client`, every call does.
-    let mut task = tokio::spawn(async move {
+    // Boxed: the call's future is many kilobytes, and a task's future is copied whole as it
+    // is spawned, finished and read; a box is copied once (docs/benchmarks.md, "A message's
+    // task, copied whole").
+    let mut task = tokio::spawn(Box::pin(async move {
         let result = run.await;
         let tail = tail.lock().unwrap_or_else(PoisonError::into_inner).take();
         match tail {
@@ -402,7 +405,7 @@ where
             Some(Tail::Whole(..) | Tail::Streamed { out: None, .. }) | None => {}
         }
         result
-    });
+    }));
     let mut detached = Detached {
         task: task.abort_handle(),
         started,

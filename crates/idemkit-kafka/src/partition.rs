@@ -160,14 +160,17 @@ pub(crate) async fn partition_task<S, K, H>(
             let handled = Arc::new(tokio::sync::Notify::new());
             let call = {
                 let (shared, message, handled) = (shared.clone(), message.clone(), handled.clone());
-                tokio::spawn(async move {
+                // Boxed: the call's future is many kilobytes, and a task's future is copied
+                // whole as it is spawned, finished and read; a box is copied once (as in
+                // `idemkit_runner::handle_together`, measured in docs/benchmarks.md).
+                tokio::spawn(Box::pin(async move {
                     let signal = move || handled.notify_one();
                     shared
                         .settler
                         .processor()
                         .process_signalled(&message, claim, 1, signal)
                         .await
-                })
+                }))
             };
             started.push_back((message, call));
             // Until this message has handled its own (or settled), the next one waits;

@@ -358,7 +358,9 @@ async fn a_rebalance_mid_stream_commits_every_input_and_outputs_only_stored_resu
                 .get(o)
                 .map(|values| values.iter().cloned().collect::<Vec<_>>()),
             Some(vec![format!("em_{o}")]),
-            "{o}'s outputs are its stored result"
+            // Every order's, so that a failure shows whether outputs were missing (the
+            // read ran out of time) or wrong.
+            "{o}'s outputs are its stored result; every order's: {outputs:?}"
         );
     }
 }
