@@ -1,4 +1,5 @@
-//! Head to head: idemkit against the two Rust peers at concurrency 64, in slices.
+//! Head to head: idemkit against the two Rust peers at concurrency 64, in slices of about
+//! [`SLICE`] each.
 //!
 //! The rows of a round measure each case for a second or so, a case after another, so
 //! idemkit's misses and a peer's run up to half a minute apart; on this VM, whose speed
@@ -24,10 +25,13 @@ use crate::measure::{Bench, timed};
 /// Slices per contender and kind in a round.
 pub(crate) const SLICES: usize = 10;
 
+/// About how long a contender's slice lasts (at least `ops / SLICES` calls).
+const SLICE: Duration = Duration::from_millis(200);
+
 /// The concurrency of the targets.
 const CONCURRENCY: usize = 64;
 
-/// One kind of call (`miss` or `hit`) head to head: each contender's calls a second in
+/// One kind of call (`miss` or `hit`) head to head: each contender's calls per second in
 /// every slice, slice by slice.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Duel {
@@ -179,17 +183,28 @@ pub(crate) async fn run(url: &str, ops: usize, round: usize) -> Result<Vec<Duel>
             },
         ];
         eprintln!(
-            "  head to head, {kind}es, c={CONCURRENCY}: {SLICES} slices of {} calls each",
-            ops / SLICES
+            "  head to head, {kind}es, c={CONCURRENCY}: {SLICES} slices of about {} ms each",
+            SLICE.as_millis()
         );
         let mut duel = Duel {
             kind,
             ..Duel::default()
         };
-        let per_slice = (ops / SLICES).max(CONCURRENCY);
+        // Each contender's slice lasts about `SLICE` whatever its speed: a slice of a fixed
+        // count was a few milliseconds for the fastest (hits at half a million a second),
+        // where starting 64 tasks and waiting for the last of them weigh on it most, and
+        // pulled every ratio towards 1. A first slice, not counted, gives each one's rate.
+        let mut per_slice = [(ops / SLICES).max(CONCURRENCY); 3];
+        for (who, n) in per_slice.iter_mut().enumerate() {
+            let c = contenders[who].clone();
+            let (lat, elapsed) = timed(CONCURRENCY, *n, move |i| c(i)).await?;
+            let rate = lat.len() as f64 / elapsed.as_secs_f64().max(1e-6);
+            *n = (*n).max((rate * SLICE.as_secs_f64()) as usize);
+        }
         for slice in 0..SLICES {
             for who in crate::paired::rotated(&[0, 1, 2], round * SLICES + slice) {
                 let c = contenders[who].clone();
+                let per_slice = per_slice[who];
                 let cpu_before = bench.redis_cpu().await?;
                 let (lat, elapsed) = timed(CONCURRENCY, per_slice, move |i| c(i)).await?;
                 let cpu = bench.redis_cpu().await? - cpu_before;

@@ -294,11 +294,27 @@ fn targets(
                 undecided: false,
             });
         }
+        // Two GETs: one call of two sequential round trips where the run has it (what a
+        // miss is made of), and twice one GET's p50 beside it.
+        let two = c1_us(c1, "floor: two GETs", 50);
         if let (Some(miss), Some(get)) = (c1_us(c1, "idemkit miss", 50), get) {
-            let r = miss / (2.0 * get);
+            let (r, measured) = match two {
+                Some(two) => (
+                    miss / two,
+                    format!(
+                        "{:.2}× ({miss:.1} / {two:.1} µs; against twice one GET's p50, {get:.1} µs: {:.2}×)",
+                        miss / two,
+                        miss / (2.0 * get)
+                    ),
+                ),
+                None => (
+                    miss / (2.0 * get),
+                    format!("{:.2}× ({miss:.1} / 2 × {get:.1} µs)", miss / (2.0 * get)),
+                ),
+            };
             out.push(Target {
                 what: format!("{server}: c=1 miss p50 / two GETs' p50 (interleaved)"),
-                measured: format!("{r:.2}× ({miss:.1} / 2 × {get:.1} µs)"),
+                measured,
                 target: "≤ 1.20×",
                 met: Some(r <= 1.2),
                 undecided: false,

@@ -638,6 +638,7 @@ pub(crate) async fn interleaved_c1(
     crate::idem_call(&idem, &idem_hit).await;
 
     let conn = bench.raw();
+    let conn2 = conn.clone();
     let (c1, o1, h1) = (idemkit.clone(), op.clone(), hit.clone());
     let (c2, o2) = (idemkit.clone(), op.clone());
     let (k1, kh) = (kit.clone(), kit_hit.clone());
@@ -655,6 +656,23 @@ pub(crate) async fn interleaved_c1(
                         .query_async(&mut c)
                         .await
                         .expect("GET");
+                })
+            }),
+        ),
+        (
+            // A miss's yardstick: two round trips in one call, the second sent when the
+            // first has answered, as a miss's `begin` and completion are.
+            "floor: two GETs",
+            Box::new(move |_| {
+                let mut c = conn2.clone();
+                Box::pin(async move {
+                    for _ in 0..2 {
+                        let _: Option<String> = redis::cmd("GET")
+                            .arg("idemkit-bench:floor")
+                            .query_async(&mut c)
+                            .await
+                            .expect("GET");
+                    }
                 })
             }),
         ),

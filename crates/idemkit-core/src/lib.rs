@@ -73,7 +73,7 @@ mod policy;
 pub mod record;
 pub mod scan;
 pub mod store;
-mod unwind;
+pub mod unwind;
 
 pub use codec::{BytesCodec, Codec, JsonCodec};
 pub use coordinator::options;

@@ -1,6 +1,23 @@
 //! Catching a panic inside a future: an action that panics is a failed action (its key is
 //! released, a runner retries or dead-letters its message), not a torn-down task that leaves
-//! its reservation and its queue behind.
+//! its reservation and its queue behind. The coordinator catches an action's panics with it,
+//! and the runners (`idemkit-runner`) a handler's.
+//!
+//! [`catch`] is a plain function returning the wrapper, not an `async fn`: an `async fn`
+//! taking a future keeps its argument's slot beside the future it awaits, which doubled a
+//! runner message's future (9.4 KB of its 10 KB on Redis, measured in docs/benchmarks.md).
+//!
+//! ```
+//! use idemkit_core::unwind;
+//!
+//! # tokio::runtime::Builder::new_current_thread().build()?.block_on(async {
+//! let caught = unwind::catch(async { panic!("the handler broke") }).await;
+//! let payload = caught.expect_err("a panic, as a value");
+//! assert_eq!(unwind::message(&*payload), "the handler broke");
+//! assert_eq!(unwind::catch(async { 7 }).await.ok(), Some(7));
+//! # });
+//! # Ok::<(), std::io::Error>(())
+//! ```
 
 use std::any::Any;
 use std::future::Future;
@@ -9,15 +26,16 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 pin_project_lite::pin_project! {
-    /// Polls `inner`, turning a panic during a poll into `Err(payload)`.
-    pub(crate) struct CatchUnwind<F> {
+    /// Polls `inner`, turning a panic during a poll into `Err(payload)` (made by [`catch`]).
+    #[must_use = "futures do nothing unless polled"]
+    pub struct CatchUnwind<F> {
         #[pin]
         inner: F,
     }
 }
 
 /// `inner`, with its panics caught (see [`CatchUnwind`]).
-pub(crate) fn catch<F: Future>(inner: F) -> CatchUnwind<F> {
+pub fn catch<F: Future>(inner: F) -> CatchUnwind<F> {
     CatchUnwind { inner }
 }
 
@@ -36,8 +54,9 @@ impl<F: Future> Future for CatchUnwind<F> {
     }
 }
 
-/// A panic's message, for logs and dead-letter reasons.
-pub(crate) fn message(payload: &(dyn Any + Send)) -> &str {
+/// A panic's message, for logs and dead-letter reasons: the payload of `panic!` with a
+/// message, or a fixed text for any other payload.
+pub fn message(payload: &(dyn Any + Send)) -> &str {
     if let Some(s) = payload.downcast_ref::<&'static str>() {
         s
     } else if let Some(s) = payload.downcast_ref::<String>() {

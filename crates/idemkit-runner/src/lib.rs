@@ -77,7 +77,6 @@ mod processor;
 mod settle;
 mod settlement;
 mod slot;
-mod unwind;
 
 pub use claim::handle_together;
 pub use handle::Handle;

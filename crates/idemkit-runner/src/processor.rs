@@ -11,7 +11,7 @@ use idemkit_core::{
 use crate::handle::Handle;
 use crate::key::KeyOf;
 use crate::settlement::{RetryPolicy, Settlement};
-use crate::unwind;
+use idemkit_core::unwind;
 
 /// One delivery, processed: its settlement, and the call's receipt when the handler's value
 /// is known (fresh, replayed or unprotected).

@@ -204,7 +204,7 @@ where
                     parked: true,
                 });
             };
-            let what = crate::unwind::message(&*panic);
+            let what = idemkit_core::unwind::message(&*panic);
             tracing::warn!(
                 message = transport.describe(message),
                 panic = what,
