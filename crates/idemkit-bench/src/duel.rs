@@ -1,5 +1,5 @@
 //! Head to head: idemkit against the two Rust peers at concurrency 64, in slices of about
-//! [`SLICE`] each.
+//! `--slice-ms` (200 ms) each.
 //!
 //! The rows of a round measure each case for a second or so, a case after another, so
 //! idemkit's misses and a peer's run up to half a minute apart; on this VM, whose speed
@@ -24,9 +24,6 @@ use crate::measure::{Bench, timed};
 
 /// Slices per contender and kind in a round.
 pub(crate) const SLICES: usize = 10;
-
-/// About how long a contender's slice lasts (at least `ops / SLICES` calls).
-const SLICE: Duration = Duration::from_millis(200);
 
 /// The concurrency of the targets.
 const CONCURRENCY: usize = 64;
@@ -80,13 +77,18 @@ where
     Arc::new(move |i| Box::pin(f(i)))
 }
 
-/// Runs the duels on the server at `url`: `ops` calls per contender and kind, in
-/// [`SLICES`] slices; `round` turns the order.
+/// Runs the duels on the server at `url`: [`SLICES`] slices per contender and kind, each
+/// about `slice_len` long and at least `ops / SLICES` calls; `round` turns the order.
 ///
 /// # Errors
 ///
 /// A connection or a call failed.
-pub(crate) async fn run(url: &str, ops: usize, round: usize) -> Result<Vec<Duel>, String> {
+pub(crate) async fn run(
+    url: &str,
+    ops: usize,
+    slice_len: Duration,
+    round: usize,
+) -> Result<Vec<Duel>, String> {
     let bench = Bench::connect(url).await?;
     let run = format!("{:x}", fastrand::u64(..));
     let coordinator = Coordinator::new(
@@ -184,13 +186,13 @@ pub(crate) async fn run(url: &str, ops: usize, round: usize) -> Result<Vec<Duel>
         ];
         eprintln!(
             "  head to head, {kind}es, c={CONCURRENCY}: {SLICES} slices of about {} ms each",
-            SLICE.as_millis()
+            slice_len.as_millis()
         );
         let mut duel = Duel {
             kind,
             ..Duel::default()
         };
-        // Each contender's slice lasts about `SLICE` whatever its speed: a slice of a fixed
+        // Each contender's slice lasts about `slice_len` whatever its speed: a slice of a fixed
         // count was a few milliseconds for the fastest (hits at half a million a second),
         // where starting 64 tasks and waiting for the last of them weigh on it most, and
         // pulled every ratio towards 1. A first slice, not counted, gives each one's rate.
@@ -199,7 +201,7 @@ pub(crate) async fn run(url: &str, ops: usize, round: usize) -> Result<Vec<Duel>
             let c = contenders[who].clone();
             let (lat, elapsed) = timed(CONCURRENCY, *n, move |i| c(i)).await?;
             let rate = lat.len() as f64 / elapsed.as_secs_f64().max(1e-6);
-            *n = (*n).max((rate * SLICE.as_secs_f64()) as usize);
+            *n = (*n).max((rate * slice_len.as_secs_f64()) as usize);
         }
         for slice in 0..SLICES {
             for who in crate::paired::rotated(&[0, 1, 2], round * SLICES + slice) {

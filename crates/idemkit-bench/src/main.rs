@@ -191,6 +191,7 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
+        let slice_len = std::time::Duration::from_millis(args.slice_ms);
         let result = runtime.block_on(rounds::rounds(
             args.rounds,
             args.max_rounds(),
@@ -208,7 +209,7 @@ fn main() -> ExitCode {
                     )
                 };
                 report.rows.extend(peer_rows);
-                report.duels = duel::run(&args.store, args.ops, round).await?;
+                report.duels = duel::run(&args.store, args.ops, slice_len, round).await?;
                 if let Some(valkey) = &args.valkey {
                     eprintln!("round {}: the second server at {valkey}", round + 1);
                     let (second, peer_rows) = if round % 2 == 0 {
@@ -223,7 +224,7 @@ fn main() -> ExitCode {
                     };
                     report.second = second.rows;
                     report.second.extend(peer_rows);
-                    report.second_duels = duel::run(valkey, args.ops, round).await?;
+                    report.second_duels = duel::run(valkey, args.ops, slice_len, round).await?;
                 }
                 if args.out.is_some() {
                     let bench = measure::Bench::connect(&args.store).await?;

@@ -49,6 +49,12 @@ pub(crate) struct BenchArgs {
     /// it.
     #[arg(long)]
     pub(crate) max_rounds: Option<usize>,
+    /// About how long each contender's slice of the head-to-head lasts, in milliseconds (at
+    /// least a tenth of `--ops` calls): shorter slices favour the slower contender, since
+    /// starting 64 tasks and waiting for the last weigh most on the fastest (the smoke
+    /// test runs with a few).
+    #[arg(long, default_value_t = 200)]
+    pub(crate) slice_ms: u64,
     /// Also measure PostgreSQL (`PgStore` against a primary-key `SELECT` and a one-row
     /// `INSERT`) on this server, e.g. `postgres://postgres@127.0.0.1:5432/test`. Counting
     /// statements reads the server log and needs a superuser (`SET log_statement`).

@@ -19,6 +19,9 @@ fn the_benchmark_writes_its_tables_and_plots() {
         "640",
         "--rounds",
         "1",
+        // Short head-to-head slices: this checks what the command writes, not its figures.
+        "--slice-ms",
+        "5",
         "--out",
     ])
     .arg(&dir);
