@@ -85,7 +85,8 @@ pub fn nats() -> Option<String> {
 /// A nats-server 2.15 with JetStream of the test's own that requires TLS, serving `certs`'
 /// server certificate: its `tls://` URL, or `None` if it did not start (the caller decides:
 /// [`crate::require_service`]). From the same binary as [`nats`] (`NATS_SERVER`, or the
-/// pip package's); ends with the test process (`timeout`).
+/// pip package's); nothing stops it when the test process ends: it runs under `timeout`,
+/// which ends it 15 minutes after it started.
 ///
 /// # Example
 ///
@@ -156,8 +157,9 @@ pub fn rabbitmq() -> Option<String> {
 /// half second), for a test of a handler that outlives it: the machine's broker keeps its
 /// 30 minutes, which no other test should lose. Started once per test binary from the
 /// installed `rabbitmq-server` (`RABBITMQ_SERVER` names another), on a free loopback port,
-/// with its files in a temporary directory, under `timeout` (so it ends even if the test
-/// process dies). `IDEMKIT_AMQP_TIMEOUT_URL` names one instead. `None` (a skip) only
+/// with its files in a temporary directory, under `timeout 900` (it ends 15 minutes after
+/// it started, whatever the test process does). `IDEMKIT_AMQP_TIMEOUT_URL` names one
+/// instead. `None` (a skip) only
 /// without `CI`.
 ///
 /// # Example
@@ -185,7 +187,8 @@ pub fn rabbitmq_consumer_timeout() -> Option<String> {
 /// A RabbitMQ node of the test's own with a TLS listener serving `certs`' server
 /// certificate (clients are not asked for one) beside its plain one: `(amqps, amqp)` URIs,
 /// or `None` if it did not start (the caller decides: [`crate::require_service`]). Started
-/// as [`rabbitmq_consumer_timeout`]'s node is; ends with the test process (`timeout`).
+/// as [`rabbitmq_consumer_timeout`]'s node is, under `timeout`: it ends 15 minutes after
+/// it started, not with the test process.
 ///
 /// # Example
 ///
@@ -297,9 +300,9 @@ fn python(code: &str) -> Option<String> {
     Some(String::from_utf8(out.stdout).ok()?.trim().to_string())
 }
 
-/// Starts the server `command(port)` builds on a free loopback port, under `timeout` (so it
-/// ends even if this test process dies), and waits for the port to open; its address, as
-/// `command` gave it.
+/// Starts the server `command(port)` builds on a free loopback port, under `timeout 900`
+/// (so it ends 15 minutes later whatever this test process does: nothing kills it
+/// sooner), and waits for the port to open; its address, as `command` gave it.
 fn spawn(command: impl FnOnce(u16) -> (Command, String)) -> Option<String> {
     let port = TcpListener::bind("127.0.0.1:0")
         .ok()?
