@@ -193,9 +193,9 @@ pub(crate) async fn run(
             ..Duel::default()
         };
         // Each contender's slice lasts about `slice_len` whatever its speed: a slice of a fixed
-        // count was a few milliseconds for the fastest (hits at half a million a second),
-        // where starting 64 tasks and waiting for the last of them weigh on it most, and
-        // pulled every ratio towards 1. A first slice, not counted, gives each one's rate.
+        // count was shortest for the fastest, where starting 64 tasks and waiting for the
+        // last of them weigh most, and pulled every ratio towards 1 (docs/benchmarks.md). A
+        // first slice, not counted, gives each one's rate.
         let mut per_slice = [(ops / SLICES).max(CONCURRENCY); 3];
         for (who, n) in per_slice.iter_mut().enumerate() {
             let c = contenders[who].clone();

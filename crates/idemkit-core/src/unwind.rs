@@ -5,7 +5,7 @@
 //!
 //! [`catch`] is a plain function returning the wrapper, not an `async fn`: an `async fn`
 //! taking a future keeps its argument's slot beside the future it awaits, which doubled a
-//! runner message's future (9.4 KB of its 10 KB on Redis, measured in docs/benchmarks.md).
+//! runner message's future (measured in docs/benchmarks.md).
 //!
 //! ```
 //! use idemkit_core::unwind;

@@ -83,7 +83,10 @@ impl RunnerContext {
         if let Some(hook) = &self.on_rebalance
             && let Err(panic) = std::panic::catch_unwind(AssertUnwindSafe(|| hook(event)))
         {
-            tracing::error!(panic = ?panic.downcast_ref::<&str>(), "kafka runner: the on_rebalance hook panicked");
+            tracing::error!(
+                panic = idemkit_core::unwind::message(&*panic),
+                "kafka runner: the on_rebalance hook panicked"
+            );
         }
     }
 }

@@ -358,7 +358,10 @@ fn unsettled<S, K, H: Handle<OwnedMessage>>(
         && let Err(panic) =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hook(message, processed)))
     {
-        tracing::error!(panic = ?panic.downcast_ref::<&str>(), "kafka runner: the on_unsettled hook panicked");
+        tracing::error!(
+            panic = idemkit_core::unwind::message(&*panic),
+            "kafka runner: the on_unsettled hook panicked"
+        );
     }
 }
 
