@@ -89,6 +89,12 @@ impl Redis {
                 "always",
                 "--save",
                 "",
+                // A replica's full resync starts at once: the default waits 5 s for more
+                // replicas, and a failover's guarded calls are refused until the resync
+                // ends, so most of a short failover run was spent refusing (seed 568374:
+                // one job refused on each delivery until the deadline).
+                "--repl-diskless-sync-delay",
+                "0",
             ])
             .args(["--logfile", "redis.log"]);
         if let Some(p) = replica_of {

@@ -235,7 +235,23 @@ async fn pg_loop<S: Store>(coordinator: Arc<Coordinator<S>>, ctx: Arc<Ctx>) {
                         .execute(&ctx.db)
                         .await;
             }
-            Err(e) => ctx.failed(job, format!("{:?}", e.kind())),
+            Err(e) => {
+                ctx.failed(job, format!("{:?}", e.kind()));
+                // Handed back (a nack) after a random 0.1-1 s, as a queue's retry backoff
+                // with jitter does: left to the 3-s visibility, a job refused in a failover
+                // came back in step with the failovers (one every 3 s or so once the
+                // run thins out) and was refused again and again (seed 568374). If this
+                // fails, the visibility brings it back.
+                let _ = sqlx::query(
+                    "UPDATE chaos_queue SET visible_at = clock_timestamp() + $3 * interval '1 millisecond' \
+                     WHERE run = $1 AND msg = $2 AND NOT done",
+                )
+                .bind(&ctx.run)
+                .bind(msg)
+                .bind(fastrand::i64(100..1000))
+                .execute(&ctx.db)
+                .await;
+            }
         }
     }
 }

@@ -5,9 +5,10 @@
 //! test binary run on its own starts its own, on a free loopback port. With `CI` set, a
 //! broker that cannot be had fails the test ([`require_service`](crate::require_service)).
 
+use std::ffi::OsStr;
 use std::net::TcpListener;
-use std::process::{Command, Stdio};
-use std::sync::OnceLock;
+use std::process::{ChildStdin, Command, Stdio};
+use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 /// A Kafka-protocol broker's `host:port`: `IDEMKIT_KAFKA_BROKERS`, or a tansu this test
@@ -85,8 +86,8 @@ pub fn nats() -> Option<String> {
 /// A nats-server 2.15 with JetStream of the test's own that requires TLS, serving `certs`'
 /// server certificate: its `tls://` URL, or `None` if it did not start (the caller decides:
 /// [`crate::require_service`]). From the same binary as [`nats`] (`NATS_SERVER`, or the
-/// pip package's); nothing stops it when the test process ends: it runs under `timeout`,
-/// which ends it 15 minutes after it started.
+/// pip package's); it ends with the test process (a shell watching a pipe from it ends
+/// it), or 15 minutes after it started.
 ///
 /// # Example
 ///
@@ -157,10 +158,9 @@ pub fn rabbitmq() -> Option<String> {
 /// half second), for a test of a handler that outlives it: the machine's broker keeps its
 /// 30 minutes, which no other test should lose. Started once per test binary from the
 /// installed `rabbitmq-server` (`RABBITMQ_SERVER` names another), on a free loopback port,
-/// with its files in a temporary directory, under `timeout 900` (it ends 15 minutes after
-/// it started, whatever the test process does). `IDEMKIT_AMQP_TIMEOUT_URL` names one
-/// instead. `None` (a skip) only
-/// without `CI`.
+/// with its files in a temporary directory; it ends with the test process (a shell
+/// watching a pipe from it ends it), or 15 minutes after it started. `IDEMKIT_AMQP_TIMEOUT_URL` names one instead. `None` (a
+/// skip) only without `CI`.
 ///
 /// # Example
 ///
@@ -187,8 +187,8 @@ pub fn rabbitmq_consumer_timeout() -> Option<String> {
 /// A RabbitMQ node of the test's own with a TLS listener serving `certs`' server
 /// certificate (clients are not asked for one) beside its plain one: `(amqps, amqp)` URIs,
 /// or `None` if it did not start (the caller decides: [`crate::require_service`]). Started
-/// as [`rabbitmq_consumer_timeout`]'s node is, under `timeout`: it ends 15 minutes after
-/// it started, not with the test process.
+/// as [`rabbitmq_consumer_timeout`]'s node is: it ends with the test process, or 15 minutes
+/// after it started.
 ///
 /// # Example
 ///
@@ -266,9 +266,7 @@ fn start_rabbitmq_node(conf: &str, advanced: &str) -> Option<String> {
     .ok()?;
     std::fs::write(dir.join("advanced.config"), advanced).ok()?;
     std::fs::write(dir.join("enabled_plugins"), "[].\n").ok()?;
-    Command::new("timeout")
-        .arg("900")
-        .arg(&bin)
+    tied(OsStr::new(&bin), std::iter::empty())
         .current_dir(&dir)
         .env("HOME", &dir)
         .env("RABBITMQ_NODENAME", format!("idemkit-{port}@localhost"))
@@ -283,7 +281,8 @@ fn start_rabbitmq_node(conf: &str, advanced: &str) -> Option<String> {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .ok()?;
+        .ok()
+        .and_then(keep)?;
     // A node takes some seconds to boot (9 s seen on a loaded 2-core machine).
     for _ in 0..600 {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
@@ -300,9 +299,39 @@ fn python(code: &str) -> Option<String> {
     Some(String::from_utf8(out.stdout).ok()?.trim().to_string())
 }
 
-/// Starts the server `command(port)` builds on a free loopback port, under `timeout 900`
-/// (so it ends 15 minutes later whatever this test process does: nothing kills it
-/// sooner), and waits for the port to open; its address, as `command` gave it.
+/// `program args…` as a server tied to this test process: a shell starts it under
+/// `timeout 900` and reads its standard input, a pipe whose other end this process keeps
+/// ([`keep`]) and never writes; when this process ends, however it ends (a failed test's
+/// `exit`, a `SIGKILL`), the kernel closes that end, the read returns, and the shell ends
+/// the server (`SIGTERM`, which `timeout` passes on). A server started by a test binary
+/// outlived it by up to 15 minutes before, beside the next step's work. `timeout` stays as
+/// the backstop of a shell that is itself killed.
+fn tied<'a>(program: &OsStr, args: impl Iterator<Item = &'a OsStr>) -> Command {
+    let mut c = Command::new("sh");
+    // A non-interactive shell gives a background command /dev/null as its input, so the
+    // server does not hold the pipe open itself.
+    c.arg("-c")
+        .arg(r#"timeout 900 "$@" & server=$!; read -r _; kill "$server""#)
+        .arg("sh")
+        .arg(program)
+        .args(args)
+        .stdin(Stdio::piped());
+    c
+}
+
+/// Keeps a [`tied`] server's pipe open until this process ends (its drop would end the
+/// server at once).
+fn keep(mut child: std::process::Child) -> Option<()> {
+    static KEPT: Mutex<Vec<ChildStdin>> = Mutex::new(Vec::new());
+    let stdin = child.stdin.take()?;
+    KEPT.lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(stdin);
+    Some(())
+}
+
+/// Starts the server `command(port)` builds on a free loopback port, [`tied`] to this test
+/// process, and waits for the port to open; its address, as `command` gave it.
 fn spawn(command: impl FnOnce(u16) -> (Command, String)) -> Option<String> {
     let port = TcpListener::bind("127.0.0.1:0")
         .ok()?
@@ -310,14 +339,12 @@ fn spawn(command: impl FnOnce(u16) -> (Command, String)) -> Option<String> {
         .ok()?
         .port();
     let (server, address) = command(port);
-    Command::new("timeout")
-        .arg("900")
-        .arg(server.get_program())
-        .args(server.get_args())
+    tied(server.get_program(), server.get_args())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .ok()?;
+        .ok()
+        .and_then(keep)?;
     for _ in 0..100 {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
             return Some(address);
@@ -325,4 +352,39 @@ fn spawn(command: impl FnOnce(u16) -> (Command, String)) -> Option<String> {
         std::thread::sleep(Duration::from_millis(100));
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+
+    use super::*;
+
+    /// The pipe's end dropped, as this process's exit drops it: the shell ends the server.
+    /// Every process of the chain (the shell, `timeout`, the server) holds the server's
+    /// standard output, so its end of file is the event that all of them ended.
+    #[test]
+    fn a_tied_server_ends_when_its_test_process_lets_go_of_the_pipe() {
+        let mut child = tied(OsStr::new("sleep"), [OsStr::new("600")].into_iter())
+            .stdout(Stdio::piped())
+            // Not the test's: a server left running would hold it and hang the harness.
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("sh");
+        let mut out = child.stdout.take().expect("piped");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut rest = Vec::new();
+            let _ = tx.send(out.read_to_end(&mut rest).map(|_| rest));
+        });
+        // Still running while the pipe is held.
+        assert!(rx.try_recv().is_err());
+        drop(child.stdin.take());
+        // A bound for a failure only: the end of file comes as soon as the server ended.
+        let read = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the server ended with the pipe");
+        assert_eq!(read.expect("read"), b"");
+        child.wait().expect("the shell ended");
+    }
 }
