@@ -11,7 +11,8 @@
 //!
 //! `REDIS_LOAD_THREADS=1` runs the client on a current-thread runtime (default: 2 threads);
 //! `REDIS_LOAD_CONNECTIONS=N` sets the store's connections (default 2); `REDIS_LOAD_PLAIN=0`
-//! sends every `begin` as the script (`RedisStoreBuilder::plain_begins`).
+//! sends every `begin` as the script (`RedisStoreBuilder::plain_begins`); `REDIS_LOAD_OWN=1`
+//! puts the lanes on the store's own client (`RedisStoreBuilder::own_client`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -58,6 +59,7 @@ async fn load(args: Vec<String>) -> Result<(), Box<dyn std::error::Error>> {
         .coalesce(mode != "single" && std::env::var("REDIS_LOAD_COALESCE").as_deref() != Ok("0"))
         .connections(connections)
         .plain_begins(std::env::var("REDIS_LOAD_PLAIN").as_deref() != Ok("0"))
+        .own_client(std::env::var("REDIS_LOAD_OWN").as_deref() == Ok("1"))
         .connect(&format!("redis://127.0.0.1:{port}"))
         .await?;
     let c = Coordinator::new(store.clone());

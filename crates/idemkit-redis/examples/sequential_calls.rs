@@ -10,7 +10,8 @@
 //! the difference between a run of 3,000 calls and one of 1,000, divided by 2,000, so
 //! that connecting and loading the scripts cancel out. `SEQUENTIAL_PLAIN=0` sends every
 //! `begin` as the script (`RedisStoreBuilder::plain_begins`); `SEQUENTIAL_COALESCE=0` turns
-//! coalescing off, so that a lone `begin` is a plain one.
+//! coalescing off, so that a lone `begin` is a plain one; `SEQUENTIAL_OWN=1` puts the lanes
+//! on the store's own client (`RedisStoreBuilder::own_client`).
 
 use std::convert::Infallible;
 use std::process::ExitCode;
@@ -34,6 +35,7 @@ async fn main() -> ExitCode {
         .prefix(format!("sequential-calls:{:x}", fastrand::u64(..)))
         .plain_begins(std::env::var("SEQUENTIAL_PLAIN").as_deref() != Ok("0"))
         .coalesce(std::env::var("SEQUENTIAL_COALESCE").as_deref() != Ok("0"))
+        .own_client(std::env::var("SEQUENTIAL_OWN").as_deref() == Ok("1"))
         .connect(url.as_str())
         .await
     {

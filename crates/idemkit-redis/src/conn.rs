@@ -17,6 +17,8 @@ pub(crate) enum Conn {
     Dedicated(MultiplexedConnection),
     /// A Cluster connection (one connection per node inside).
     Cluster(ClusterConnection),
+    /// The store's own connection to one server, for its lanes (see `wire`).
+    Own(crate::wire::Wire),
     /// The master behind Sentinel, followed after a failover (see `sentinel`).
     Sentinel(Arc<Follower>),
     /// A connection of its own to the master behind Sentinel, checked out for one guarded
@@ -63,6 +65,7 @@ impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Own(w) => Box::pin(w.command(cmd)),
             Conn::Dedicated(c) => c.req_packed_command(cmd),
             Conn::Cluster(c) => c.req_packed_command(cmd),
             Conn::Pinned(p) => Box::pin(async move {
@@ -98,6 +101,7 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Own(w) => Box::pin(w.pipeline(cmd, offset, count)),
             Conn::Dedicated(c) => c.req_packed_commands(cmd, offset, count),
             Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
             Conn::Pinned(p) => Box::pin(async move {
@@ -128,6 +132,7 @@ impl ConnectionLike for Conn {
     fn get_db(&self) -> i64 {
         match self {
             Conn::Single(c) => c.get_db(),
+            Conn::Own(w) => w.db(),
             Conn::Dedicated(c) => c.get_db(),
             Conn::Cluster(c) => c.get_db(),
             Conn::Sentinel(f) => f.current().1.get_db(),

@@ -24,7 +24,7 @@
 //!   greater than every earlier token), so they increase per key; leases and TTLs expire by Redis' clock
 //!   (`PX`), never the client's.
 //! - **Push wake-ups.** `complete` and `release` publish on a per-key channel; a waiter
-//!   subscribes to it (RESP3 push on the store's first connection), re-checks the record, and wakes
+//!   subscribes to it (RESP3 push on the store's redis-rs connection), re-checks the record, and wakes
 //!   within about one round trip of the owner finishing. Its wait never outlasts the
 //!   owner's lease, which covers a missed message. A waiter whose future is dropped leaves
 //!   no registration and no subscription behind.
@@ -34,7 +34,10 @@
 //! - **Two connections, coalesced calls.** On one server the store spreads its calls over two
 //!   connections ([`RedisStoreBuilder::connections`]; a key's owner always uses the same
 //!   one, so its commands keep their order), and concurrent `begin`s and `complete`s on a
-//!   connection go out together as one script call ([`RedisStoreBuilder::coalesce`]).
+//!   connection go out together as one script call ([`RedisStoreBuilder::coalesce`]). On a
+//!   plain `redis://` URL these connections are the store's own client, lighter than
+//!   redis-rs' ([`RedisStoreBuilder::own_client`]), and one redis-rs connection more
+//!   carries the subscriptions.
 //! - **Cluster.** A record's key and its channel share one hash tag (a digest of the storage
 //!   key), so every script touches one slot; waiters use sharded pub/sub (`SSUBSCRIBE`).
 //!
@@ -76,6 +79,7 @@ mod coalesce;
 mod conn;
 mod durable;
 mod errors;
+mod eviction;
 mod keys;
 mod lanes;
 mod many;
@@ -89,8 +93,10 @@ mod secure;
 mod sentinel;
 mod stamp;
 mod wake;
+mod wire;
 
-pub use builder::{EvictionCheck, RedisStoreBuilder};
+pub use builder::RedisStoreBuilder;
+pub use eviction::EvictionCheck;
 
 use conn::Conn;
 use durable::Durable;
@@ -197,7 +203,7 @@ impl RedisStore {
     #[allow(clippy::too_many_arguments)] // one private constructor, called by the builder only
     fn new(
         conn: Conn,
-        more: Vec<Conn>,
+        lanes: Vec<Conn>,
         prefix: String,
         durable: Option<Durable>,
         waiters: Arc<Waiters>,
@@ -209,10 +215,7 @@ impl RedisStore {
             call: call_timeout,
             response: response_timeout,
         } = timeouts;
-        let lanes = std::iter::once(conn.clone())
-            .chain(more)
-            .map(Lane::new)
-            .collect();
+        let lanes = lanes.into_iter().map(Lane::new).collect();
         RedisStore {
             conn,
             shared: Arc::new(Shared {

@@ -143,6 +143,11 @@ impl RedisStore {
         match self.conn.clone() {
             Conn::Cluster(mut c) => c.ssubscribe(channel).await,
             Conn::Single(mut c) => c.subscribe(channel).await,
+            // Never the store's subscription connection (see `wire`).
+            Conn::Own(_) => Err(RedisError::from((
+                redis::ErrorKind::Client,
+                "no subscriptions on the store's own connections",
+            ))),
             Conn::Dedicated(mut c) => c.subscribe(channel).await,
             Conn::Sentinel(f) => f.current().1.subscribe(channel).await,
             Conn::Pinned(mut p) => p.conn.subscribe(channel).await,
@@ -153,6 +158,11 @@ impl RedisStore {
         match self.conn.clone() {
             Conn::Cluster(mut c) => c.sunsubscribe(channel).await,
             Conn::Single(mut c) => c.unsubscribe(channel).await,
+            // Never the store's subscription connection (see `wire`).
+            Conn::Own(_) => Err(RedisError::from((
+                redis::ErrorKind::Client,
+                "no subscriptions on the store's own connections",
+            ))),
             Conn::Dedicated(mut c) => c.unsubscribe(channel).await,
             Conn::Sentinel(f) => f.current().1.unsubscribe(channel).await,
             Conn::Pinned(mut p) => p.conn.unsubscribe(channel).await,
@@ -230,6 +240,21 @@ impl RedisStore {
             let _ = tokio::time::timeout(until, notified).await;
         }
         drop(registration);
+        Ok(())
+    }
+}
+
+/// Called by the connection for every push message: wakes the waiters of its channel.
+pub(crate) fn push_handler(
+    waiters: Arc<Waiters>,
+) -> impl Fn(redis::PushInfo) -> Result<(), ()> + Send + Sync {
+    use redis::{PushKind, Value};
+    move |push: redis::PushInfo| {
+        if let (PushKind::Message | PushKind::SMessage, Some(Value::BulkString(channel))) =
+            (&push.kind, push.data.first())
+        {
+            waiters.notify(channel);
+        }
         Ok(())
     }
 }

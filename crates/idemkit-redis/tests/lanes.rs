@@ -13,6 +13,14 @@ use support::RedisProcess;
 
 /// `CLIENT LIST`: each connection's id and last command (redis-cli's own left out).
 fn clients(port: u16) -> Vec<(u64, String)> {
+    clients_named(port)
+        .into_iter()
+        .map(|(id, cmd, _)| (id, cmd))
+        .collect()
+}
+
+/// `CLIENT LIST`: each connection's id, last command and name (redis-cli's own left out).
+fn clients_named(port: u16) -> Vec<(u64, String, String)> {
     let out = std::process::Command::new("redis-cli")
         .args(["-p", &port.to_string(), "client", "list"])
         .output()
@@ -25,9 +33,13 @@ fn clients(port: u16) -> Vec<(u64, String)> {
                     .find_map(|f| f.strip_prefix(name))
                     .map(str::to_string)
             };
-            Some((field("id=")?.parse().ok()?, field("cmd=")?))
+            Some((
+                field("id=")?.parse().ok()?,
+                field("cmd=")?,
+                field("name=").unwrap_or_default(),
+            ))
         })
-        .filter(|(_, cmd)| cmd != "client|list")
+        .filter(|(_, cmd, _)| cmd != "client|list")
         .collect()
 }
 
@@ -35,11 +47,12 @@ fn clients(port: u16) -> Vec<(u64, String)> {
 /// store call (a script; the `GET` of a replay after a run of replays; the `TIME` around a
 /// batch of plain begins; the plain `SET … IFEQ` completion on a server that has it, Valkey
 /// 9), after 200 concurrent first deliveries and a replay of each.
-async fn lanes_used(server: &RedisProcess, connections: usize) -> (usize, usize) {
+async fn lanes_used(server: &RedisProcess, connections: usize, own: bool) -> (usize, usize) {
     let before: Vec<u64> = clients(server.port).into_iter().map(|(id, _)| id).collect();
     let store = RedisStore::builder()
         .prefix(format!("lanes-{:x}", fastrand::u64(..)))
         .connections(connections)
+        .own_client(own)
         .connect(&server.url())
         .await
         .unwrap();
@@ -70,13 +83,15 @@ async fn lanes_used(server: &RedisProcess, connections: usize) -> (usize, usize)
     for t in tasks {
         t.await.unwrap();
     }
-    let mine: Vec<(u64, String)> = clients(server.port)
+    let mine: Vec<(u64, String, String)> = clients_named(server.port)
         .into_iter()
-        .filter(|(id, _)| !before.contains(id))
+        .filter(|(id, _, _)| !before.contains(id))
         .collect();
+    // With its own client, the lanes are the connections it names.
     let scripting = mine
         .iter()
-        .filter(|(_, cmd)| matches!(cmd.as_str(), "evalsha" | "get" | "time" | "set"))
+        .filter(|(_, _, name)| !own || name == "idemkit-lane")
+        .filter(|(_, cmd, _)| matches!(cmd.as_str(), "evalsha" | "get" | "time" | "set"))
         .count();
     (mine.len(), scripting)
 }
@@ -84,9 +99,19 @@ async fn lanes_used(server: &RedisProcess, connections: usize) -> (usize, usize)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_spread_over_every_connection_of_the_store() {
     let server = RedisProcess::start(&[]);
-    assert_eq!(lanes_used(&server, 3).await, (3, 3));
-    assert_eq!(lanes_used(&server, 2).await, (2, 2));
-    assert_eq!(lanes_used(&server, 1).await, (1, 1));
+    assert_eq!(lanes_used(&server, 3, false).await, (3, 3));
+    assert_eq!(lanes_used(&server, 2, false).await, (2, 2));
+    assert_eq!(lanes_used(&server, 1, false).await, (1, 1));
     // At least one connection, whatever is asked.
-    assert_eq!(lanes_used(&server, 0).await, (1, 1));
+    assert_eq!(lanes_used(&server, 0, false).await, (1, 1));
+}
+
+/// With the store's own client, the lanes are its own connections (named `idemkit-lane`),
+/// and one redis-rs connection more carries subscriptions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_its_own_client_calls_spread_over_every_lane() {
+    let server = RedisProcess::start(&[]);
+    assert_eq!(lanes_used(&server, 3, true).await, (4, 3));
+    assert_eq!(lanes_used(&server, 1, true).await, (2, 1));
+    assert_eq!(lanes_used(&server, 0, true).await, (2, 1));
 }

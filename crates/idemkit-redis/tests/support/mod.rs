@@ -16,7 +16,15 @@ pub fn prefix() -> String {
 }
 
 pub async fn connect(url: &str) -> Option<RedisStore> {
-    let store = RedisStore::builder().prefix(prefix()).connect(url).await;
+    connect_with(url, RedisStore::builder()).await
+}
+
+/// As [`connect`], from `builder` (its prefix replaced by a random one).
+pub async fn connect_with(
+    url: &str,
+    builder: idemkit_redis::RedisStoreBuilder,
+) -> Option<RedisStore> {
+    let store = builder.prefix(prefix()).connect(url).await;
     if idemkit_test::require_service(&format!("redis at {url}"), store.is_ok()) {
         Some(store.unwrap())
     } else {

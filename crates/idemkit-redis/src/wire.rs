@@ -1,0 +1,589 @@
+//! The store's own connection for its lanes (`RedisStoreBuilder::own_client`): one plain TCP
+//! connection to one server, shared by every caller, pipelining. A caller appends its
+//! packed command to one buffer and its answer slot to one queue, under one lock and in the
+//! same order; a writer task sends what the buffer holds, a reader task parses each reply in
+//! place and answers the queue's head. Redis answers a connection's commands in order, so
+//! the queue's head is always the caller of the next reply.
+//!
+//! Why: redis-rs' multiplexed connection costs the client about 11k instructions a command
+//! at 64 concurrent callers, this about 2.4k (`examples/wire_floor.rs` under callgrind,
+//! docs/benchmarks.md), and a first delivery at c=64 is bound by the client.
+//!
+//! What it does not do, so the store keeps redis-rs for it: subscriptions (push messages:
+//! the store's first connection, a redis-rs one, carries them; a push arriving here is
+//! skipped), TLS, Sentinel, Cluster, and transactions (`MULTI` pipelines: the store sends
+//! none). It speaks RESP3 (`HELLO 3`) as the store's other connections do, so scripts'
+//! replies read the same; the reply types the store's commands answer are parsed here, the
+//! rest (errors, doubles, maps...) by redis-rs' parser, on the reply's bytes.
+//!
+//! A connection that fails (a read or write error, the server closing it) answers every
+//! caller waiting on it with the error (`Unavailable`), and the next call connects again,
+//! as redis-rs' connection manager does; a call is bounded by the response timeout.
+
+use std::collections::VecDeque;
+use std::io;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use redis::{Cmd, Pipeline, RedisError, RedisResult, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::{Notify, oneshot};
+
+/// One server's address and what a new connection says first.
+#[derive(Clone)]
+pub(crate) struct Settings {
+    pub(crate) host: String,
+    pub(crate) port: u16,
+    pub(crate) username: Option<String>,
+    pub(crate) password: Option<String>,
+    pub(crate) db: i64,
+    pub(crate) connection_timeout: Duration,
+    pub(crate) response_timeout: Duration,
+}
+
+/// The store's own connection (see the module's docs); clones share it.
+#[derive(Clone)]
+pub(crate) struct Wire {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    settings: Settings,
+    /// The connection now, if one is up (a failed one is replaced on the next call).
+    line: Mutex<Option<Arc<Line>>>,
+    /// One connect at a time; the number of connects tried so far.
+    connecting: tokio::sync::Mutex<u64>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // The store is gone: the writer shuts the socket, the server closes it, the reader
+        // ends.
+        if let Some(line) = self.line.get_mut().unwrap_or_else(PoisonError::into_inner) {
+            line.close(io::ErrorKind::NotConnected);
+        }
+    }
+}
+
+/// One TCP connection: its queue and its writer's wake-up.
+struct Line {
+    queue: Mutex<Queue>,
+    wake: Notify,
+}
+
+#[derive(Default)]
+struct Queue {
+    out: Vec<u8>,
+    waiting: VecDeque<Waiting>,
+    /// The connection failed or was closed: nothing more is sent on it.
+    closed: bool,
+}
+
+/// A caller's answer slot: `skip` replies first (none: the store sends no transactions),
+/// then one reply (`many: None`) or `count` of them.
+struct Waiting {
+    many: Option<(usize, Vec<Value>)>,
+    tx: oneshot::Sender<RedisResult<Answer>>,
+}
+
+enum Answer {
+    One(Value),
+    Many(Vec<Value>),
+}
+
+impl Line {
+    /// Fails every waiting caller and refuses new ones; wakes the writer to shut the socket.
+    fn close(&self, kind: io::ErrorKind) {
+        let waiting = {
+            let mut q = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+            q.closed = true;
+            q.out.clear();
+            std::mem::take(&mut q.waiting)
+        };
+        for w in waiting {
+            let _ = w.tx.send(Err(dropped(kind)));
+        }
+        self.wake.notify_one();
+    }
+
+    fn is_closed(&self) -> bool {
+        self.queue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .closed
+    }
+}
+
+fn dropped(kind: io::ErrorKind) -> RedisError {
+    RedisError::from(io::Error::new(kind, "the connection to Redis ended"))
+}
+
+impl Wire {
+    /// Connects now (an unreachable server fails here, as redis-rs' connection manager
+    /// does at connect).
+    pub(crate) async fn connect(settings: Settings) -> RedisResult<Wire> {
+        let wire = Wire {
+            inner: Arc::new(Inner {
+                settings,
+                line: Mutex::new(None),
+                connecting: tokio::sync::Mutex::new(0),
+            }),
+        };
+        wire.line().await?;
+        Ok(wire)
+    }
+
+    pub(crate) fn db(&self) -> i64 {
+        self.inner.settings.db
+    }
+
+    /// The live connection, connecting if there is none.
+    async fn line(&self) -> RedisResult<Arc<Line>> {
+        if let Some(line) = self.live() {
+            return Ok(line);
+        }
+        let tried = *self.inner.connecting.lock().await;
+        let mut one = self.inner.connecting.lock().await;
+        if let Some(line) = self.live() {
+            return Ok(line); // another caller connected meanwhile
+        }
+        if *one != tried {
+            // Another caller's connect failed while this one waited for its turn: fail as
+            // it did rather than wait a connect more (callers would wait one each).
+            return Err(dropped(io::ErrorKind::ConnectionRefused));
+        }
+        *one += 1;
+        let s = &self.inner.settings;
+        let stream = tokio::time::timeout(s.connection_timeout, open(s))
+            .await
+            .map_err(|_| RedisError::from(io::Error::from(io::ErrorKind::TimedOut)))??;
+        let (rd, wr) = stream.into_split();
+        let line = Arc::new(Line {
+            queue: Mutex::new(Queue::default()),
+            wake: Notify::new(),
+        });
+        tokio::spawn(write(line.clone(), wr));
+        tokio::spawn(read(line.clone(), rd));
+        *self
+            .inner
+            .line
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(line.clone());
+        Ok(line)
+    }
+
+    fn live(&self) -> Option<Arc<Line>> {
+        let line = self
+            .inner
+            .line
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        line.as_ref().filter(|l| !l.is_closed()).cloned()
+    }
+
+    /// Sends what `pack` writes as one request and waits for its answer (bounded by the
+    /// response timeout).
+    async fn request(
+        &self,
+        many: Option<usize>,
+        pack: impl FnOnce(&mut Vec<u8>),
+    ) -> RedisResult<Answer> {
+        let line = self.line().await?;
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut q = line.queue.lock().unwrap_or_else(PoisonError::into_inner);
+            if q.closed {
+                return Err(dropped(io::ErrorKind::ConnectionReset));
+            }
+            pack(&mut q.out);
+            q.waiting.push_back(Waiting {
+                many: many.map(|n| (n, Vec::with_capacity(n))),
+                tx,
+            });
+        }
+        line.wake.notify_one();
+        match tokio::time::timeout(self.inner.settings.response_timeout, rx).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => Err(dropped(io::ErrorKind::ConnectionReset)),
+            // Its reply, when it comes, answers a closed slot: the queue keeps its order.
+            Err(_) => Err(RedisError::from(io::Error::from(io::ErrorKind::TimedOut))),
+        }
+    }
+
+    pub(crate) async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
+        match self
+            .request(None, |out| cmd.write_packed_command(out))
+            .await?
+        {
+            Answer::One(v) => v.extract_error(),
+            Answer::Many(_) => unreachable!("one reply asked"),
+        }
+    }
+
+    pub(crate) async fn pipeline(
+        &self,
+        pipeline: &Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        if offset != 0 || pipeline.is_transaction() {
+            return Err(RedisError::from((
+                redis::ErrorKind::Client,
+                "the store's own connection sends no transactions",
+            )));
+        }
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        let packed = pipeline.get_packed_pipeline();
+        match self
+            .request(Some(count), |out| out.extend_from_slice(&packed))
+            .await?
+        {
+            Answer::Many(values) => Ok(values),
+            Answer::One(_) => unreachable!("many replies asked"),
+        }
+    }
+}
+
+/// The name each of these connections gives itself (`CLIENT LIST`'s `name=`).
+pub(crate) const CLIENT_NAME: &str = "idemkit-lane";
+
+/// A TCP connection that has said `HELLO 3` (with `AUTH`, and its name) and `SELECT`ed its
+/// database.
+async fn open(s: &Settings) -> RedisResult<TcpStream> {
+    let mut stream = TcpStream::connect((s.host.as_str(), s.port)).await?;
+    stream.set_nodelay(true)?;
+    let mut hello = redis::cmd("HELLO");
+    hello.arg(3);
+    if let Some(password) = &s.password {
+        hello
+            .arg("AUTH")
+            .arg(s.username.as_deref().unwrap_or("default"))
+            .arg(password);
+    }
+    // Named, so an operator's `CLIENT LIST` tells the store's lanes apart.
+    hello.arg("SETNAME").arg(CLIENT_NAME);
+    let mut out = hello.get_packed_command();
+    let mut replies = 1;
+    if s.db != 0 {
+        redis::cmd("SELECT")
+            .arg(s.db)
+            .write_packed_command(&mut out);
+        replies += 1;
+    }
+    stream.write_all(&out).await?;
+    let mut buf = Vec::with_capacity(1024);
+    let mut start = 0;
+    while replies > 0 {
+        match frame(&buf[start..]) {
+            Some(len) => {
+                value(&buf[start..start + len])?.extract_error()?;
+                start += len;
+                replies -= 1;
+            }
+            None => {
+                let mut chunk = [0u8; 1024];
+                let n = stream.read(&mut chunk).await?;
+                if n == 0 {
+                    return Err(dropped(io::ErrorKind::UnexpectedEof));
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+        }
+    }
+    Ok(stream)
+}
+
+/// The writer: sends what the queue's buffer holds each time it is woken.
+async fn write(line: Arc<Line>, mut wr: OwnedWriteHalf) {
+    let mut sending = Vec::new();
+    loop {
+        line.wake.notified().await;
+        let closed = {
+            let mut q = line.queue.lock().unwrap_or_else(PoisonError::into_inner);
+            std::mem::swap(&mut q.out, &mut sending);
+            q.closed
+        };
+        if closed {
+            let _ = wr.shutdown().await;
+            return;
+        }
+        if !sending.is_empty() {
+            if wr.write_all(&sending).await.is_err() {
+                line.close(io::ErrorKind::BrokenPipe);
+                return;
+            }
+            sending.clear();
+        }
+    }
+}
+
+/// The reader: parses replies in place and answers the queue's head with each.
+async fn read(line: Arc<Line>, mut rd: OwnedReadHalf) {
+    let mut buf = vec![0u8; 16 * 1024];
+    let (mut start, mut end) = (0, 0);
+    loop {
+        if start == end {
+            (start, end) = (0, 0);
+        } else if end == buf.len() {
+            if start > 0 {
+                buf.copy_within(start..end, 0);
+                (start, end) = (0, end - start);
+            } else {
+                // One reply larger than the buffer (a large result): grow it.
+                buf.resize(buf.len() * 2, 0);
+            }
+        }
+        match rd.read(&mut buf[end..]).await {
+            Ok(0) => return line.close(io::ErrorKind::UnexpectedEof),
+            Err(e) => return line.close(e.kind()),
+            Ok(n) => end += n,
+        }
+        while let Some(len) = frame(&buf[start..end]) {
+            let bytes = &buf[start..start + len];
+            start += len;
+            if bytes[0] == b'>' {
+                continue; // a push: this connection subscribes to nothing (see the module)
+            }
+            match value(bytes) {
+                Ok(reply) => answer(&line, reply),
+                // Not a reply (a corrupt stream): nothing after it can be matched to a caller.
+                Err(_) => return line.close(io::ErrorKind::InvalidData),
+            }
+        }
+    }
+}
+
+/// Hands one reply to the queue's head (a pipeline's slot takes several).
+fn answer(line: &Line, reply: Value) {
+    let mut q = line.queue.lock().unwrap_or_else(PoisonError::into_inner);
+    let Some(head) = q.waiting.front_mut() else {
+        return; // a reply nobody waits for: the line was closed meanwhile
+    };
+    let done = match &mut head.many {
+        None => Some(Ok(Answer::One(reply))),
+        Some((count, values)) => {
+            values.push(reply);
+            (values.len() == *count).then(|| Ok(Answer::Many(std::mem::take(values))))
+        }
+    };
+    if let Some(done) = done {
+        let head = q.waiting.pop_front().expect("the head");
+        drop(q);
+        let _ = head.tx.send(done);
+    }
+}
+
+/// The length of the RESP3 frame at the start of `b`, or `None` if `b` does not hold all
+/// of it yet.
+fn frame(b: &[u8]) -> Option<usize> {
+    let line = line_end(b)?;
+    let head = b.get(1..line).unwrap_or_default();
+    let after = line + 2;
+    match *b.first()? {
+        b'+' | b'-' | b':' | b'_' | b',' | b'#' | b'(' => Some(after),
+        b'$' | b'!' | b'=' => {
+            let len = number(head)?;
+            if len < 0 {
+                return Some(after); // a null bulk string (RESP2's `$-1`)
+            }
+            let total = after + len as usize + 2;
+            (b.len() >= total).then_some(total)
+        }
+        t @ (b'*' | b'~' | b'>' | b'%' | b'|') => {
+            let n = number(head)?;
+            if n < 0 {
+                return Some(after);
+            }
+            // A map or an attribute holds pairs; an attribute precedes the value it is about.
+            let items = if matches!(t, b'%' | b'|') { 2 * n } else { n } as usize;
+            let mut at = after;
+            for _ in 0..items {
+                at += frame(&b[at..])?;
+            }
+            if t == b'|' {
+                at += frame(&b[at..])?;
+            }
+            Some(at)
+        }
+        _ => Some(after), // not RESP: `value` reports it
+    }
+}
+
+fn line_end(b: &[u8]) -> Option<usize> {
+    let at = memchr(b'\r', b)?;
+    (b.get(at + 1) == Some(&b'\n')).then_some(at)
+}
+
+fn memchr(needle: u8, haystack: &[u8]) -> Option<usize> {
+    haystack.iter().position(|&c| c == needle)
+}
+
+fn number(digits: &[u8]) -> Option<i64> {
+    std::str::from_utf8(digits).ok()?.parse().ok()
+}
+
+/// The value of one whole frame: the types the store's commands answer read here, as
+/// redis-rs reads them; the rest by redis-rs' parser.
+fn value(b: &[u8]) -> RedisResult<Value> {
+    let line = line_end(b).unwrap_or(b.len());
+    let head = b.get(1..line).unwrap_or_default();
+    let after = line + 2;
+    let fast = match b.first().copied().unwrap_or_default() {
+        b'+' if head == b"OK" => Some(Value::Okay),
+        b'+' => std::str::from_utf8(head)
+            .ok()
+            .map(|s| Value::SimpleString(s.to_owned())),
+        b':' => number(head).map(Value::Int),
+        b'_' => Some(Value::Nil),
+        b'#' => match head {
+            b"t" => Some(Value::Boolean(true)),
+            b"f" => Some(Value::Boolean(false)),
+            _ => None,
+        },
+        b'$' => match number(head) {
+            Some(n) if n < 0 => Some(Value::Nil),
+            Some(n) => Some(Value::BulkString(b[after..after + n as usize].to_vec())),
+            None => None,
+        },
+        b'*' => match number(head) {
+            Some(n) if n < 0 => Some(Value::Nil),
+            Some(n) => {
+                let mut items = Vec::with_capacity(n as usize);
+                let mut at = after;
+                for _ in 0..n {
+                    let len = frame(&b[at..]).ok_or_else(incomplete)?;
+                    items.push(value(&b[at..at + len])?);
+                    at += len;
+                }
+                Some(Value::Array(items))
+            }
+            None => None,
+        },
+        _ => None,
+    };
+    match fast {
+        Some(v) => Ok(v),
+        None => redis::parse_redis_value(b),
+    }
+}
+
+fn incomplete() -> RedisError {
+    RedisError::from((redis::ErrorKind::Parse, "an incomplete reply"))
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// A peer on a free port that answers `HELLO` like a server (an empty map).
+    async fn peer() -> (TcpListener, Settings) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
+        let port = listener.local_addr().expect("its address").port();
+        let settings = Settings {
+            host: "127.0.0.1".into(),
+            port,
+            username: None,
+            password: None,
+            db: 0,
+            connection_timeout: Duration::from_secs(5),
+            response_timeout: Duration::from_secs(5),
+        };
+        (listener, settings)
+    }
+
+    /// Accepts one connection and answers its `HELLO`.
+    async fn accept(listener: &TcpListener) -> TcpStream {
+        let (mut s, _) = listener.accept().await.expect("a connection");
+        let mut buf = [0u8; 256];
+        let n = s.read(&mut buf).await.expect("HELLO");
+        assert!(buf[..n].ends_with(b"$7\r\nSETNAME\r\n$12\r\nidemkit-lane\r\n"));
+        s.write_all(b"%0\r\n").await.expect("its reply");
+        s
+    }
+
+    /// The store dropped: its connection is closed (the server reads its end).
+    #[tokio::test]
+    async fn a_dropped_wire_closes_its_connection() {
+        let (listener, settings) = peer().await;
+        let (wire, mut server) = tokio::join!(Wire::connect(settings), accept(&listener));
+        drop(wire.expect("connected"));
+        let mut buf = [0u8; 16];
+        // A bound for a failure only (the socket left open): the end of file comes at once.
+        let read = tokio::time::timeout(Duration::from_secs(30), server.read(&mut buf)).await;
+        assert_eq!(read.expect("closed").expect("a read"), 0, "end of file");
+    }
+
+    /// A connection that ends answers its waiting callers with a dropped connection
+    /// (`Unavailable` to the store), and the next call connects again.
+    #[tokio::test]
+    async fn a_call_after_a_dropped_connection_connects_again() {
+        let (listener, settings) = peer().await;
+        let (wire, server) = tokio::join!(Wire::connect(settings), accept(&listener));
+        let (wire, mut server) = (wire.expect("connected"), server);
+        let get = redis::cmd("GET").arg("k").clone();
+        let cut = async {
+            let mut buf = [0u8; 64];
+            let n = server.read(&mut buf).await.expect("the GET");
+            assert!(n > 0);
+            drop(server); // the connection ends with the GET unanswered
+        };
+        let (first, ()) = tokio::join!(wire.command(&get), cut);
+        let e = first.expect_err("the connection ended");
+        assert!(e.is_connection_dropped(), "{e:?}");
+        let answer = async {
+            let mut s = accept(&listener).await;
+            let mut buf = [0u8; 64];
+            let n = s.read(&mut buf).await.expect("the GET again");
+            assert!(buf[..n].ends_with(b"$1\r\nk\r\n"));
+            s.write_all(b"$1\r\nv\r\n").await.expect("its reply");
+            s
+        };
+        let (second, _s) = tokio::join!(wire.command(&get), answer);
+        assert_eq!(second.expect("answered"), Value::BulkString(b"v".to_vec()));
+    }
+
+    /// Each type as redis-rs' own parser reads it, and each frame's length found whole.
+    #[test]
+    fn replies_read_as_redis_rs_reads_them() {
+        let frames: &[&[u8]] = &[
+            b"+OK\r\n",
+            b"+QUEUED\r\n",
+            b":-42\r\n",
+            b"_\r\n",
+            b"$-1\r\n",
+            b"$5\r\nhe\r\nl\r\n",
+            b"$0\r\n\r\n",
+            b"*-1\r\n",
+            b"*3\r\n:1\r\n$2\r\nab\r\n*1\r\n_\r\n",
+            b"#t\r\n",
+            b"#f\r\n",
+            b"-ERR wrong\r\n",
+            b"-NOSCRIPT No matching script\r\n",
+            b",1.5\r\n",
+            b"%1\r\n+a\r\n:1\r\n",
+            b"~2\r\n:1\r\n:2\r\n",
+            b"=8\r\ntxt:abcd\r\n",
+            b"|1\r\n+k\r\n+v\r\n:7\r\n",
+        ];
+        for f in frames {
+            assert_eq!(frame(f), Some(f.len()), "{:?}", String::from_utf8_lossy(f));
+            for cut in 0..f.len() {
+                assert_eq!(frame(&f[..cut]), None, "a prefix of {f:?} is incomplete");
+            }
+            let ours = value(f);
+            let theirs = redis::parse_redis_value(f);
+            assert_eq!(
+                format!("{ours:?}"),
+                format!("{theirs:?}"),
+                "{:?}",
+                String::from_utf8_lossy(f)
+            );
+        }
+    }
+}
