@@ -264,8 +264,8 @@ impl RedisStoreBuilder {
     /// Whether the connections that carry the calls (every command about a key: see
     /// [`connections`](Self::connections)) are the store's own client rather than redis-rs'
     /// connection manager: one pipelining TCP connection per lane that parses replies in
-    /// place, about a fifth fewer client instructions a call (a sequential miss 30.2k against
-    /// 37.7k, a hit 14.2k against 18.1k; docs/benchmarks.md, "The store's own client").
+    /// place, fewer client instructions a call (measured in docs/benchmarks.md, "The store's
+    /// own client").
     /// The store then opens one redis-rs connection more, for subscriptions (waiters'
     /// wake-ups) and its other commands (scans, the eviction check). Applies to a plain
     /// `redis://` URL (one server, without TLS); `rediss://`, Sentinel and Cluster keep

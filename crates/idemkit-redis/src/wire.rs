@@ -5,9 +5,9 @@
 //! place and answers the queue's head. Redis answers a connection's commands in order, so
 //! the queue's head is always the caller of the next reply.
 //!
-//! Why: redis-rs' multiplexed connection costs the client about 11k instructions a command
-//! at 64 concurrent callers, this about 2.4k (`examples/wire_floor.rs` under callgrind,
-//! docs/benchmarks.md), and a first delivery at c=64 is bound by the client.
+//! Why: redis-rs' multiplexed connection costs the client several times what a bare
+//! pipelining connection does a command (`examples/wire_floor.rs` under callgrind; the
+//! figures are in docs/benchmarks.md), and a first delivery at c=64 is bound by the client.
 //!
 //! What it does not do, so the store keeps redis-rs for it: subscriptions (push messages:
 //! the store's first connection, a redis-rs one, carries them; a push arriving here is
@@ -22,6 +22,7 @@
 
 use std::collections::VecDeque;
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -53,8 +54,10 @@ struct Inner {
     settings: Settings,
     /// The connection now, if one is up (a failed one is replaced on the next call).
     line: Mutex<Option<Arc<Line>>>,
-    /// One connect at a time; the number of connects tried so far.
-    connecting: tokio::sync::Mutex<u64>,
+    /// One connect at a time.
+    connecting: tokio::sync::Mutex<()>,
+    /// The connects that ended so far (connected or failed).
+    attempts: AtomicU64,
 }
 
 impl Drop for Inner {
@@ -128,7 +131,8 @@ impl Wire {
             inner: Arc::new(Inner {
                 settings,
                 line: Mutex::new(None),
-                connecting: tokio::sync::Mutex::new(0),
+                connecting: tokio::sync::Mutex::new(()),
+                attempts: AtomicU64::new(0),
             }),
         };
         wire.line().await?;
@@ -144,21 +148,23 @@ impl Wire {
         if let Some(line) = self.live() {
             return Ok(line);
         }
-        let tried = *self.inner.connecting.lock().await;
-        let mut one = self.inner.connecting.lock().await;
+        // Read before waiting for the turn: a connect that ends meanwhile changes it.
+        let tried = self.inner.attempts.load(Ordering::Acquire);
+        let _one = self.inner.connecting.lock().await;
         if let Some(line) = self.live() {
             return Ok(line); // another caller connected meanwhile
         }
-        if *one != tried {
+        if self.inner.attempts.load(Ordering::Acquire) != tried {
             // Another caller's connect failed while this one waited for its turn: fail as
             // it did rather than wait a connect more (callers would wait one each).
             return Err(dropped(io::ErrorKind::ConnectionRefused));
         }
-        *one += 1;
         let s = &self.inner.settings;
-        let stream = tokio::time::timeout(s.connection_timeout, open(s))
-            .await
-            .map_err(|_| RedisError::from(io::Error::from(io::ErrorKind::TimedOut)))??;
+        let opened = tokio::time::timeout(s.connection_timeout, open(s)).await;
+        // Counted once ended: a caller that read the count while this one ran sees it move.
+        self.inner.attempts.fetch_add(1, Ordering::AcqRel);
+        let stream =
+            opened.map_err(|_| RedisError::from(io::Error::from(io::ErrorKind::TimedOut)))??;
         let (rd, wr) = stream.into_split();
         let line = Arc::new(Line {
             queue: Mutex::new(Queue::default()),
@@ -546,6 +552,105 @@ mod tests {
         };
         let (second, _s) = tokio::join!(wire.command(&get), answer);
         assert_eq!(second.expect("answered"), Value::BulkString(b"v".to_vec()));
+    }
+
+    /// A reply later than the response timeout answers its caller's closed slot, and the
+    /// next caller gets its own reply, not the late one.
+    #[tokio::test]
+    async fn a_late_reply_never_reaches_the_next_caller() {
+        let (listener, mut settings) = peer().await;
+        // The first call's timeout is the event this test waits for (its reply is held
+        // until the second call is on the wire), not a race; long enough that a busy
+        // machine answers the second call within it.
+        settings.response_timeout = Duration::from_secs(2);
+        let (wire, server) = tokio::join!(Wire::connect(settings), accept(&listener));
+        let (wire, mut server) = (wire.expect("connected"), server);
+        let mut buf = [0u8; 256];
+        let (get_a, get_b) = (
+            redis::cmd("GET").arg("a").clone(),
+            redis::cmd("GET").arg("b").clone(),
+        );
+        let (first, n) = tokio::join!(wire.command(&get_a), async {
+            server.read(&mut buf).await.expect("the first GET")
+        });
+        assert!(buf[..n].ends_with(b"$1\r\na\r\n"));
+        assert!(first.expect_err("no reply in time").is_timeout());
+        let answer = async {
+            let n = server.read(&mut buf).await.expect("the second GET");
+            assert!(buf[..n].ends_with(b"$1\r\nb\r\n"));
+            // Both replies, in order: the late one first.
+            server
+                .write_all(b"$6\r\nlate-a\r\n$6\r\nreal-b\r\n")
+                .await
+                .expect("the replies");
+        };
+        let (second, ()) = tokio::join!(wire.command(&get_b), answer);
+        assert_eq!(
+            second.expect("answered"),
+            Value::BulkString(b"real-b".to_vec())
+        );
+    }
+
+    /// Bytes that are not RESP close the connection: its caller fails, the next call
+    /// connects again.
+    #[tokio::test]
+    async fn a_reply_that_is_not_resp_closes_the_connection() {
+        let (listener, settings) = peer().await;
+        let (wire, server) = tokio::join!(Wire::connect(settings), accept(&listener));
+        let (wire, mut server) = (wire.expect("connected"), server);
+        let get = redis::cmd("GET").arg("k").clone();
+        let garbage = async {
+            let mut buf = [0u8; 64];
+            let _ = server.read(&mut buf).await.expect("the GET");
+            server.write_all(b"?what\r\n").await.expect("garbage");
+            server
+        };
+        let (first, _server) = tokio::join!(wire.command(&get), garbage);
+        let e = first.expect_err("not a reply");
+        assert_eq!(e.kind(), redis::ErrorKind::Io, "{e:?}");
+        let answer = async {
+            let mut s = accept(&listener).await;
+            let mut buf = [0u8; 64];
+            let _ = s.read(&mut buf).await.expect("the GET again");
+            s.write_all(b"_\r\n").await.expect("its reply");
+            s
+        };
+        let (second, _s) = tokio::join!(wire.command(&get), answer);
+        assert_eq!(second.expect("answered"), Value::Nil);
+    }
+
+    /// Callers that queue behind a connect that fails fail with it: one connect is tried,
+    /// not one per caller (each would wait its own connection timeout).
+    #[tokio::test]
+    async fn callers_behind_a_failed_connect_do_not_try_again() {
+        let (listener, mut settings) = peer().await;
+        settings.connection_timeout = Duration::from_secs(2);
+        let (wire, server) = tokio::join!(Wire::connect(settings), accept(&listener));
+        let wire = wire.expect("connected");
+        drop(server); // the connection ends
+        let e = wire
+            .command(redis::cmd("GET").arg("k"))
+            .await
+            .expect_err("the connection ended");
+        assert!(e.is_connection_dropped(), "{e:?}");
+        let before = wire.inner.attempts.load(Ordering::Acquire);
+        // From now on the server accepts connections and never answers `HELLO`: every
+        // connect times out (the event the callers wait on).
+        let silent = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((s, _)) = listener.accept().await {
+                held.push(s);
+            }
+        });
+        let calls = (0..8).map(|_| {
+            let wire = wire.clone();
+            async move { wire.command(redis::cmd("GET").arg("k")).await }
+        });
+        for r in futures_util::future::join_all(calls).await {
+            assert!(r.is_err());
+        }
+        assert_eq!(wire.inner.attempts.load(Ordering::Acquire), before + 1);
+        silent.abort();
     }
 
     /// Each type as redis-rs' own parser reads it, and each frame's length found whole.
