@@ -11,8 +11,9 @@
 //!
 //! `REDIS_LOAD_THREADS=1` runs the client on a current-thread runtime (default: 2 threads);
 //! `REDIS_LOAD_CONNECTIONS=N` sets the store's connections (default 2); `REDIS_LOAD_PLAIN=0`
-//! sends every `begin` as the script (`RedisStoreBuilder::plain_begins`); `REDIS_LOAD_OWN=1`
-//! puts the lanes on the store's own client (`RedisStoreBuilder::own_client`).
+//! sends every `begin` as the script (`RedisStoreBuilder::plain_begins`); `REDIS_LOAD_OWN=0`
+//! puts the lanes on redis-rs instead of the store's own client (`RedisStoreBuilder::own_client`,
+//! on by default). It prints the server's CPU, reads and writes per call (`INFO`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -59,12 +60,13 @@ async fn load(args: Vec<String>) -> Result<(), Box<dyn std::error::Error>> {
         .coalesce(mode != "single" && std::env::var("REDIS_LOAD_COALESCE").as_deref() != Ok("0"))
         .connections(connections)
         .plain_begins(std::env::var("REDIS_LOAD_PLAIN").as_deref() != Ok("0"))
-        .own_client(std::env::var("REDIS_LOAD_OWN").as_deref() == Ok("1"))
+        .own_client(std::env::var("REDIS_LOAD_OWN").as_deref() != Ok("0"))
         .connect(&format!("redis://127.0.0.1:{port}"))
         .await?;
     let c = Coordinator::new(store.clone());
     let op = Operation::new("load")?;
     let cpu_before = server_cpu(port.as_str()).await?;
+    let io_before = server_io(port.as_str()).await?;
     let started = tokio::time::Instant::now();
     match mode.as_str() {
         "hit" => {
@@ -130,15 +132,41 @@ async fn load(args: Vec<String>) -> Result<(), Box<dyn std::error::Error>> {
     }
     let secs = started.elapsed().as_secs_f64();
     let cpu = server_cpu(port.as_str()).await? - cpu_before;
+    let io = server_io(port.as_str()).await?;
     let plain = store.plain_begin_counts();
     println!(
-        "{mode}: {n} calls in {secs:.3} s ({:.0}/s), server CPU {:.2} µs a call; plain begins {}, stale stamps {}",
+        "{mode}: {n} calls in {secs:.3} s ({:.0}/s), server CPU {:.2} µs a call, {:.3} reads and {:.3} writes a call; plain begins {}, stale stamps {}",
         n as f64 / secs,
         cpu * 1e6 / n as f64,
+        (io.0 - io_before.0) as f64 / n as f64,
+        (io.1 - io_before.1) as f64 / n as f64,
         plain.sent,
         plain.stale
     );
     Ok(())
+}
+
+/// The server's reads and writes so far (`INFO stats`: `total_reads_processed`,
+/// `total_writes_processed`): on a VM where a system call is dear, most of a call's server
+/// time.
+async fn server_io(port: &str) -> Result<(u64, u64), Box<dyn std::error::Error>> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(&mut conn)
+        .await?;
+    let field = |name: &str| {
+        info.lines()
+            .filter_map(|l| l.split_once(':'))
+            .find(|(k, _)| *k == name)
+            .and_then(|(_, v)| v.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    Ok((
+        field("total_reads_processed"),
+        field("total_writes_processed"),
+    ))
 }
 
 /// The server's CPU time so far (`INFO cpu`: user and system), in seconds.

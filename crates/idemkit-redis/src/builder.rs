@@ -44,13 +44,17 @@ pub struct RedisStoreBuilder {
     coalesce: bool,
     plain_begins: bool,
     own_client: bool,
-    connections: usize,
+    /// `None`: the default of the client the lanes are on.
+    connections: Option<usize>,
     tls: Tls,
     credentials: Option<Credentials>,
 }
 
-/// Connections per single-server store: two let Redis and the client work at once.
+/// Connections per single-server store on redis-rs: two let Redis and the client work at
+/// once. The store's own client needs one (it sends early, see `wire`), and one lane
+/// gathers a coalesced batch from every caller (measured in docs/benchmarks.md).
 const DEFAULT_CONNECTIONS: usize = 2;
+const DEFAULT_OWN_CONNECTIONS: usize = 1;
 
 impl Default for RedisStoreBuilder {
     fn default() -> Self {
@@ -64,7 +68,7 @@ impl Default for RedisStoreBuilder {
             coalesce: true,
             plain_begins: true,
             own_client: true,
-            connections: DEFAULT_CONNECTIONS,
+            connections: None,
             tls: Tls::default(),
             credentials: None,
         }
@@ -286,15 +290,20 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// How many connections to one server the store spreads its calls over (default 2, at
-    /// least 1). Each key always uses the same one, so a key's commands keep their order.
-    /// With one connection the client and Redis take turns: Redis idles while the client
-    /// reads a batch of replies, and the client idles while Redis runs the next batch; with
-    /// two, Redis runs one connection's commands while the client handles the other's
-    /// replies (measured: 1.5-1.7× the misses per second at concurrency 64,
-    /// docs/benchmarks.md). Pub/sub for wake-ups uses the first, or, with the store's own
-    /// client ([`own_client`](Self::own_client), the default on a plain `redis://` URL), one
-    /// connection more. A Cluster ignores it (it keeps one connection per node).
+    /// How many connections to one server the store spreads its calls over (at least 1;
+    /// by default 1 on the store's own client, [`own_client`](Self::own_client), the
+    /// default on a plain `redis://` URL, and 2 on redis-rs). Each key always uses the same
+    /// one, so a key's commands keep their order. On one redis-rs connection the client and
+    /// Redis take turns: Redis idles while the client reads a batch of replies, and the
+    /// client idles while Redis runs the next batch; with two, Redis runs one connection's
+    /// commands while the client handles the other's replies. The store's own client does
+    /// not take turns on one connection (a caller sends the requests gathered so far once
+    /// sixteen wait, so Redis starts on them while the client handles the rest), and one
+    /// connection gathers every caller's `begin`s and `complete`s into the same batches:
+    /// fewer, larger writes and reads on both sides. Both choices are measured in
+    /// docs/benchmarks.md ("One connection"). Pub/sub for wake-ups uses the first, or, with
+    /// the store's own client, one connection more. A Cluster ignores it (it keeps one
+    /// connection per node), and so does Sentinel (one connection, which follows the master).
     ///
     /// # Example
     ///
@@ -307,7 +316,7 @@ impl RedisStoreBuilder {
     /// # Ok(()) }
     /// ```
     pub fn connections(mut self, n: usize) -> Self {
-        self.connections = n.max(1);
+        self.connections = Some(n.max(1));
         self
     }
 
@@ -541,10 +550,15 @@ impl RedisStoreBuilder {
             .map_err(|e| connect_err(e, tls))?;
         let manager = Conn::Single(manager);
         let opener = Opener::Single(Box::new(client.clone()));
-        let mut lanes = Vec::with_capacity(self.connections + 1);
+        let connections = self.connections.unwrap_or(if own.is_some() {
+            DEFAULT_OWN_CONNECTIONS
+        } else {
+            DEFAULT_CONNECTIONS
+        });
+        let mut lanes = Vec::with_capacity(connections + 1);
         if let Some(settings) = own {
             // The first connection (a redis-rs one) carries the subscriptions only.
-            for _ in 0..self.connections {
+            for _ in 0..connections {
                 let wire = crate::wire::Wire::connect(settings.clone())
                     .await
                     .map_err(|e| connect_err(e, false))?;
@@ -553,7 +567,7 @@ impl RedisStoreBuilder {
             return self.finish(manager, lanes, opener, waiters).await;
         }
         lanes.push(manager.clone());
-        for _ in 1..self.connections {
+        for _ in 1..connections {
             let lane = client
                 .get_connection_manager_with_config(config.clone())
                 .await

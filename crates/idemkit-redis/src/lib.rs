@@ -31,13 +31,13 @@
 //! - **Eviction.** Redis must not evict our keys: run it with `maxmemory-policy noeviction`
 //!   (or a dedicated server). The store checks the policy at connect and warns, or refuses
 //!   ([`RedisStoreBuilder::eviction_check`]).
-//! - **Two connections, coalesced calls.** On one server the store spreads its calls over two
-//!   connections ([`RedisStoreBuilder::connections`]; a key's owner always uses the same
+//! - **Pipelined connections, coalesced calls.** On one server the store sends its calls over
+//!   its lanes ([`RedisStoreBuilder::connections`]; a key's owner always uses the same
 //!   one, so its commands keep their order), and concurrent `begin`s and `complete`s on a
-//!   connection go out together as one script call ([`RedisStoreBuilder::coalesce`]). On a
-//!   plain `redis://` URL these connections are the store's own client, lighter than
+//!   lane go out together as one batch ([`RedisStoreBuilder::coalesce`]). On a plain
+//!   `redis://` URL the lane is one connection of the store's own client, lighter than
 //!   redis-rs' ([`RedisStoreBuilder::own_client`]), and one redis-rs connection more
-//!   carries the subscriptions.
+//!   carries the subscriptions; on redis-rs (`rediss://`) there are two lanes.
 //! - **Cluster.** A record's key and its channel share one hash tag (a digest of the storage
 //!   key), so every script touches one slot; waiters use sharded pub/sub (`SSUBSCRIBE`).
 //!

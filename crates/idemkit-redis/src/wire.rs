@@ -76,13 +76,28 @@ struct Line {
     wake: Notify,
 }
 
-#[derive(Default)]
 struct Queue {
     out: Vec<u8>,
+    /// Requests in `out`, not yet handed to the socket.
+    unsent: usize,
     waiting: VecDeque<Waiting>,
     /// The connection failed or was closed: nothing more is sent on it.
     closed: bool,
+    /// The writer holds bytes it has not written yet: nobody else writes meanwhile.
+    writing: bool,
+    /// The socket's write half, for a caller's own send (see [`SEND_AT`]); the writer
+    /// holds it too. Taken out when the line closes, so the writer's copy is the last and
+    /// its end shuts the socket.
+    socket: Option<Arc<OwnedWriteHalf>>,
 }
+
+/// How many requests may gather in the buffer before the caller that adds the last sends
+/// them itself, rather than leave them all to the writer. On one connection the writer
+/// runs after every caller woken by a batch of replies has queued its next request, so
+/// Redis would idle while the client handles a whole batch, and the client while Redis
+/// runs it; sending the first requests early lets Redis start on them while the client
+/// handles the rest (measured in docs/benchmarks.md, "One connection").
+const SEND_AT: usize = 16;
 
 /// A caller's answer slot: `skip` replies first (none: the store sends no transactions),
 /// then one reply (`many: None`) or `count` of them.
@@ -103,6 +118,7 @@ impl Line {
             let mut q = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
             q.closed = true;
             q.out.clear();
+            q.socket = None;
             std::mem::take(&mut q.waiting)
         };
         for w in waiting {
@@ -166,8 +182,16 @@ impl Wire {
         let stream =
             opened.map_err(|_| RedisError::from(io::Error::from(io::ErrorKind::TimedOut)))??;
         let (rd, wr) = stream.into_split();
+        let wr = Arc::new(wr);
         let line = Arc::new(Line {
-            queue: Mutex::new(Queue::default()),
+            queue: Mutex::new(Queue {
+                out: Vec::new(),
+                unsent: 0,
+                waiting: VecDeque::new(),
+                closed: false,
+                writing: false,
+                socket: Some(wr.clone()),
+            }),
             wake: Notify::new(),
         });
         tokio::spawn(write(line.clone(), wr));
@@ -208,6 +232,10 @@ impl Wire {
                 many: many.map(|n| (n, Vec::with_capacity(n))),
                 tx,
             });
+            q.unsent += 1;
+            if q.unsent >= SEND_AT && !q.writing {
+                q.send_now();
+            }
         }
         line.wake.notify_one();
         match tokio::time::timeout(self.inner.settings.response_timeout, rx).await {
@@ -303,27 +331,60 @@ async fn open(s: &Settings) -> RedisResult<TcpStream> {
     Ok(stream)
 }
 
-/// The writer: sends what the queue's buffer holds each time it is woken.
-async fn write(line: Arc<Line>, mut wr: OwnedWriteHalf) {
+impl Queue {
+    /// A caller's own send of what the buffer holds, without waiting: what the socket takes
+    /// now leaves the buffer, the rest stays for the writer (woken after). Only while the
+    /// writer holds nothing unwritten, so the bytes keep their order.
+    fn send_now(&mut self) {
+        let Some(socket) = &self.socket else { return };
+        if let Ok(n) = socket.try_write(&self.out) {
+            self.out.drain(..n);
+        }
+        // A full socket or a failed write: the writer sends the rest (and reports a
+        // failure), and the next caller tries sixteen requests later, not at once.
+        self.unsent = 0;
+    }
+}
+
+/// The writer: sends what the queue's buffer holds each time it is woken. Its end (the
+/// line closed, a failed write) drops the last handle of the write half, which shuts the
+/// socket: the server closes it, the reader ends.
+async fn write(line: Arc<Line>, wr: Arc<OwnedWriteHalf>) {
     let mut sending = Vec::new();
     loop {
         line.wake.notified().await;
         let closed = {
             let mut q = line.queue.lock().unwrap_or_else(PoisonError::into_inner);
             std::mem::swap(&mut q.out, &mut sending);
+            q.unsent = 0;
+            q.writing = !sending.is_empty();
             q.closed
         };
         if closed {
-            let _ = wr.shutdown().await;
             return;
         }
-        if !sending.is_empty() {
-            if wr.write_all(&sending).await.is_err() {
-                line.close(io::ErrorKind::BrokenPipe);
-                return;
-            }
-            sending.clear();
+        if sending.is_empty() {
+            continue;
         }
+        let mut at = 0;
+        while at < sending.len() {
+            let written = match wr.writable().await {
+                Ok(()) => match wr.try_write(&sending[at..]) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                    written => written,
+                },
+                Err(e) => Err(e),
+            };
+            match written {
+                Ok(n) => at += n,
+                Err(_) => return line.close(io::ErrorKind::BrokenPipe),
+            }
+        }
+        sending.clear();
+        line.queue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .writing = false;
     }
 }
 
@@ -523,6 +584,50 @@ mod tests {
         // A bound for a failure only (the socket left open): the end of file comes at once.
         let read = tokio::time::timeout(Duration::from_secs(30), server.read(&mut buf)).await;
         assert_eq!(read.expect("closed").expect("a read"), 0, "end of file");
+    }
+
+    /// The caller that adds the sixteenth waiting request sends the buffer itself: the
+    /// server reads every request before the writer task has run (this current-thread
+    /// runtime runs nothing else until the test awaits), and each caller gets its reply.
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_request_that_fills_the_batch_is_sent_before_the_writer_runs() {
+        use std::io::{Read as _, Write as _};
+        use std::task::{Context, Poll, Waker};
+
+        let (listener, settings) = peer().await;
+        let (wire, server) = tokio::join!(Wire::connect(settings), accept(&listener));
+        let wire = wire.expect("connected");
+        let mut server = server.into_std().expect("a std socket");
+        server.set_nonblocking(false).expect("blocking");
+        // A bound for a failure only (nothing sent): the bytes are there at once.
+        server
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("a read timeout");
+        let gets: Vec<Cmd> = (0..SEND_AT)
+            .map(|i| redis::cmd("GET").arg(format!("k{i}")).clone())
+            .collect();
+        let mut calls: Vec<_> = gets.iter().map(|g| Box::pin(wire.command(g))).collect();
+        let mut cx = Context::from_waker(Waker::noop());
+        for call in &mut calls {
+            assert!(matches!(call.as_mut().poll(&mut cx), Poll::Pending));
+        }
+        let sent: Vec<u8> = gets.iter().flat_map(Cmd::get_packed_command).collect();
+        let mut read = vec![0u8; sent.len()];
+        server
+            .read_exact(&mut read)
+            .expect("the requests, sent by their caller");
+        assert_eq!(read, sent);
+        let replies: String = (0..SEND_AT)
+            .map(|i| {
+                let v = format!("v{i}");
+                format!("${}\r\n{v}\r\n", v.len())
+            })
+            .collect();
+        server.write_all(replies.as_bytes()).expect("the replies");
+        for (i, call) in calls.into_iter().enumerate() {
+            let v = call.await.expect("answered");
+            assert_eq!(v, Value::BulkString(format!("v{i}").into_bytes()));
+        }
     }
 
     /// A connection that ends answers its waiting callers with a dropped connection

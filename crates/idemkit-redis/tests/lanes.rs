@@ -47,15 +47,20 @@ fn clients_named(port: u16) -> Vec<(u64, String, String)> {
 /// store call (a script; the `GET` of a replay after a run of replays; the `TIME` around a
 /// batch of plain begins; the plain `SET … IFEQ` completion on a server that has it, Valkey
 /// 9), after 200 concurrent first deliveries and a replay of each.
-async fn lanes_used(server: &RedisProcess, connections: usize, own: bool) -> (usize, usize) {
+/// `connections: None` leaves the builder's default.
+async fn lanes_used(
+    server: &RedisProcess,
+    connections: impl Into<Option<usize>>,
+    own: bool,
+) -> (usize, usize) {
     let before: Vec<u64> = clients(server.port).into_iter().map(|(id, _)| id).collect();
-    let store = RedisStore::builder()
+    let mut builder = RedisStore::builder()
         .prefix(format!("lanes-{:x}", fastrand::u64(..)))
-        .connections(connections)
-        .own_client(own)
-        .connect(&server.url())
-        .await
-        .unwrap();
+        .own_client(own);
+    if let Some(n) = connections.into() {
+        builder = builder.connections(n);
+    }
+    let store = builder.connect(&server.url()).await.unwrap();
     let c = Coordinator::new(store);
     let op = Operation::new("mail.invoice").unwrap();
     let tasks: Vec<_> = (0..200)
@@ -104,6 +109,8 @@ async fn calls_spread_over_every_connection_of_the_store() {
     assert_eq!(lanes_used(&server, 1, false).await, (1, 1));
     // At least one connection, whatever is asked.
     assert_eq!(lanes_used(&server, 0, false).await, (1, 1));
+    // By default two on redis-rs: one connection would make Redis and the client take turns.
+    assert_eq!(lanes_used(&server, None, false).await, (2, 2));
 }
 
 /// With the store's own client, the lanes are its own connections (named `idemkit-lane`),
@@ -114,4 +121,6 @@ async fn with_its_own_client_calls_spread_over_every_lane() {
     assert_eq!(lanes_used(&server, 3, true).await, (4, 3));
     assert_eq!(lanes_used(&server, 1, true).await, (2, 1));
     assert_eq!(lanes_used(&server, 0, true).await, (2, 1));
+    // By default one lane: its callers send early, so one connection keeps Redis busy.
+    assert_eq!(lanes_used(&server, None, true).await, (2, 1));
 }
