@@ -783,11 +783,12 @@ impl RedisStoreBuilder {
     /// completion's plain `SET … IFEQ` and the probe before it after a reload (`plain`). With the
     /// durability guard, none: a guarded write also opens connections and waits for
     /// replicas, and the coordinator times it itself. With coalescing, none either (see
-    /// `connect`).
+    /// `connect`). Eight response timeouts for the seven commands: the store's own client
+    /// answers a command within an eighth more than its response timeout (`wire::watch`).
     fn call_limit(&self) -> Option<Duration> {
         if self.replicas.is_some() {
             return None;
         }
-        Some(self.response_timeout * 7 + self.connection_timeout.max(self.response_timeout))
+        Some(self.response_timeout * 8 + self.connection_timeout.max(self.response_timeout))
     }
 }

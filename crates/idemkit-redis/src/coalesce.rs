@@ -21,6 +21,7 @@ use redis::{Cmd, Value};
 
 use crate::Shared;
 use crate::errors::unexpected;
+use crate::resp::Arg;
 use crate::scripts;
 use crate::scripts::query_loading;
 
@@ -250,26 +251,29 @@ async fn send_completes(to: &OnLane, mut jobs: Vec<CompleteJob>) {
         let ttl = jobs[0].ttl_ms;
         let (same, rest): (Vec<_>, Vec<_>) = jobs.into_iter().partition(|j| j.ttl_ms == ttl);
         jobs = rest;
-        let size: usize = same.iter().map(|j| 2 * j.rkey.len() + j.bytes.len()).sum();
-        let mut cmd = Cmd::with_capacity(4 + 3 * same.len(), size + 192 * same.len());
-        cmd.arg("EVALSHA")
-            .arg(scripts::COMPLETE_MANY.script.get_hash())
-            .arg(same.len());
-        for j in &same {
-            cmd.arg(&j.rkey);
+        // The keys, the ttl, then each key's reservation and completed record, written
+        // where they are sent (`resp`).
+        let parts: Vec<scripts::Parts<'_>> = same.iter().map(CompleteJob::parts).collect();
+        let mut args = Vec::with_capacity(3 + 3 * same.len());
+        args.extend([
+            Arg::Bytes(b"EVALSHA"),
+            Arg::from(scripts::COMPLETE_MANY.script.get_hash()),
+            Arg::Int(same.len() as u64),
+        ]);
+        args.extend(same.iter().map(|j| Arg::from(&j.rkey[..])));
+        args.push(Arg::Int(ttl));
+        for (j, p) in same.iter().zip(&parts) {
+            args.push(Arg::Mine(p, j.fencing));
+            args.push(Arg::Done(p, j.fencing, j.kind, &j.bytes));
         }
-        scripts::complete_many_args(
-            &mut cmd,
-            ttl,
-            same.iter()
-                .map(|j| (j.parts(), j.fencing, j.kind, &j.bytes[..])),
-        );
-        let reply = query_loading(
+        let reply = scripts::eval_list(
             &mut to.shared.lanes[to.at].conn.clone(),
-            &cmd,
             &scripts::COMPLETE_MANY,
+            &args,
         )
         .await;
+        drop(args);
+        drop(parts);
         answer(same, reply, |j| j.reply);
     }
 }

@@ -14,10 +14,13 @@ pub(crate) fn key_for(prefix: &str, key: &StorageKey) -> String {
     out.push_str(prefix);
     out.push_str(":{");
     let tag = fnv1a(key.as_bytes());
-    for shift in (0..16).rev() {
-        out.push(HEX[(tag >> (shift * 4)) as usize & 0xf] as char);
+    // The digits and the braces around them in one write (a `push` a digit costs a
+    // capacity check and a UTF-8 encoding each).
+    let mut hex = *b"0000000000000000}:";
+    for (i, digit) in hex[..16].iter_mut().enumerate() {
+        *digit = HEX[(tag >> ((15 - i) * 4)) as usize & 0xf];
     }
-    out.push_str("}:");
+    out.push_str(std::str::from_utf8(&hex).unwrap_or_default());
     out.push_str(key);
     out
 }

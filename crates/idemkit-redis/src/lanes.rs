@@ -15,6 +15,7 @@ use crate::coalesce::{self, BeginJob, CompleteJob, OnLane};
 use crate::conn::Conn;
 use crate::errors::{int, map_err, owner_checked};
 use crate::keys::{self, ms};
+use crate::resp::Arg;
 use crate::scripts::{self, Done, Head, Mine, Parts, Rest, eval_on};
 use crate::{RedisStore, durable, plain, replays, stamp};
 use idemkit_coalesce::Entry;
@@ -85,9 +86,8 @@ impl RedisStore {
         if self.shared.durable.is_none() && self.shared.replays.likely() {
             // After a run of replays: a `GET` first, answered only by a completed record.
             let mut conn = self.shared.lanes[lane].conn.clone();
-            let read: Value = redis::cmd("GET")
-                .arg(&rkey)
-                .query_async(&mut conn)
+            let get = [Arg::Bytes(b"GET"), Arg::from(&rkey[..])];
+            let read = crate::resp::query(&mut conn, &[&get])
                 .await
                 .map_err(map_err)?;
             match read {
@@ -145,14 +145,29 @@ impl RedisStore {
                 None => {}
             }
         }
-        let script = match self.shared.durable {
-            None => &scripts::BEGIN,
-            Some(_) => &scripts::BEGIN_GUARDED,
-        };
-        let (reply, acked) = self
-            .eval_guarded(
+        let (reply, acked) = if self.shared.durable.is_none() {
+            // A first delivery's script: its arguments written where they are sent.
+            let stale = stale.map(u64::to_be_bytes);
+            let mut args = [
+                Arg::Head(&parts),
+                Arg::Int(ms(req.lease)),
+                Arg::Rest(&parts),
+                Arg::Bytes(&[]),
+            ];
+            let n = match &stale {
+                Some(stale) => {
+                    args[3] = Arg::Bytes(stale);
+                    4
+                }
+                None => 3,
+            };
+            let mut conn = self.shared.lanes[lane].conn.clone();
+            let reply = scripts::eval_args(&mut conn, &scripts::BEGIN, &rkey, &args[..n]).await?;
+            (reply, Ok(()))
+        } else {
+            self.eval_guarded(
                 lane,
-                script,
+                &scripts::BEGIN_GUARDED,
                 &rkey,
                 |cmd| {
                     cmd.arg(Head(&parts)).arg(ms(req.lease)).arg(Rest(&parts));
@@ -164,7 +179,8 @@ impl RedisStore {
                 // wrote again): replicas must have it.
                 |reply| matches!(reply, Value::Int(1..) | Value::BulkString(_)),
             )
-            .await?;
+            .await?
+        };
         if let Value::Int(token @ 1..) = reply {
             // A reservation's token is the server's clock when it was made (or, for a key
             // that was already the caller's, earlier): what the stamps are estimated from.
@@ -273,6 +289,23 @@ impl RedisStore {
                     return Ok(());
                 }
             }
+        }
+        if self.shared.durable.is_none() {
+            let fingerprint = reserved.and_then(|r| r.fingerprint).map(|f| f.to_bytes());
+            let parts = Parts {
+                owner: lease.owner.as_u128(),
+                fingerprint: fingerprint.as_ref(),
+                holder: reserved.and_then(|r| Some((&**r.holder.as_ref()?, ms(r.lease)))),
+            };
+            let fencing = lease.fencing.get();
+            let args = [
+                Arg::Int(ms(completion.ttl)),
+                Arg::Mine(&parts, fencing),
+                Arg::Done(&parts, fencing, completion.kind, &completion.bytes),
+            ];
+            let mut conn = self.shared.lanes[lane].conn.clone();
+            let reply = scripts::eval_args(&mut conn, self.complete_script(), &rkey, &args).await?;
+            return owner_checked(int(Some(&reply))?);
         }
         let (reply, acked) = self
             .eval_guarded(

@@ -87,6 +87,7 @@ mod many;
 mod model;
 mod plain;
 mod replays;
+mod resp;
 mod scan;
 mod scripts;
 mod secure;
@@ -422,7 +423,8 @@ impl Store for RedisStore {
 
     async fn begin(&self, req: &BeginRequest<'_>) -> Result<Claim, StoreError> {
         let lane = self.begin_lane();
-        let sent = tokio::time::Instant::now();
+        // Read only where a fast failure may go to another lane.
+        let sent = (self.shared.lanes.len() > 1).then(tokio::time::Instant::now);
         let claimed = match self.begin_on(lane, req).await {
             // A connection idle through an outage reports it on its next call, while the
             // others work again: a begin takes the next lane then (sent again with the same
@@ -430,8 +432,7 @@ impl Store for RedisStore {
             // failure: one that timed out has used the time `call_timeout` allows for it.
             Err(e)
                 if e.kind() == StoreErrorKind::Unavailable
-                    && self.shared.lanes.len() > 1
-                    && sent.elapsed() < self.shared.response_timeout =>
+                    && sent.is_some_and(|sent| sent.elapsed() < self.shared.response_timeout) =>
             {
                 Box::pin(self.begin_on((lane + 1) % self.shared.lanes.len(), req)).await
             }

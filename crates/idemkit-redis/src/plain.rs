@@ -30,11 +30,12 @@
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
 use idemkit_core::{ResultKind, StoreError};
-use redis::{Cmd, Pipeline, Value};
+use redis::{Cmd, Value};
 
 use crate::conn::Conn;
 use crate::errors::map_err;
-use crate::scripts::{Done, Mine, Parts};
+use crate::resp::Arg;
+use crate::scripts::Parts;
 
 /// How many times a script call of this process found a server's script cache empty
 /// (`NOSCRIPT`): each one may be another server behind a connection, so the next plain
@@ -136,25 +137,16 @@ fn is_refusal(e: &redis::RedisError) -> bool {
 }
 
 /// One completion's plain command: `SET key record IFEQ reservation PX ttl`.
-fn command(cmd: &mut Cmd, rkey: &str, parts: &Parts<'_>, done: &Completion<'_>) {
-    cmd.arg("SET")
-        .arg(rkey)
-        .arg(Done {
-            parts,
-            fencing: done.fencing,
-            kind: done.kind,
-            bytes: done.bytes,
-        })
-        .arg("IFEQ")
-        .arg(Mine(parts, done.fencing))
-        .arg("PX")
-        .arg(done.ttl_ms);
-}
-
-/// The bytes a completion's command holds: the key, the reservation twice (at most 256
-/// bytes each, `Parts::rest`) and the result, so the buffer is never grown while writing.
-fn capacity(rkey: &str, done: &Completion<'_>) -> usize {
-    rkey.len() + 2 * 256 + 32 + done.bytes.len()
+fn command<'a>(rkey: &'a str, parts: &'a Parts<'a>, done: &'a Completion<'a>) -> [Arg<'a>; 7] {
+    [
+        Arg::Bytes(b"SET"),
+        Arg::from(rkey),
+        Arg::Done(parts, done.fencing, done.kind, done.bytes),
+        Arg::Bytes(b"IFEQ"),
+        Arg::Mine(parts, done.fencing),
+        Arg::Bytes(b"PX"),
+        Arg::Int(done.ttl_ms),
+    ]
 }
 
 /// What a completion writes, besides its reservation's parts.
@@ -175,9 +167,7 @@ pub(crate) async fn complete(
     parts: &Parts<'_>,
     done: &Completion<'_>,
 ) -> Result<bool, StoreError> {
-    let mut cmd = Cmd::with_capacity(8, capacity(rkey, done));
-    command(&mut cmd, rkey, parts, done);
-    match cmd.query_async::<Value>(conn).await {
+    match crate::resp::query(conn, &[&command(rkey, parts, done)]).await {
         Ok(reply) => Ok(written(&reply)),
         Err(e) if is_refusal(&e) => {
             caps.refused();
@@ -194,16 +184,16 @@ pub(crate) async fn complete_all<'a>(
     conn: &mut Conn,
     items: impl Iterator<Item = (&'a str, Parts<'a>, Completion<'a>)>,
 ) -> Result<Vec<bool>, StoreError> {
-    let mut pipe = Pipeline::new();
-    pipe.ignore_errors();
-    let mut n = 0;
-    for (rkey, parts, done) in items {
-        let mut cmd = Cmd::with_capacity(8, capacity(rkey, &done));
-        command(&mut cmd, rkey, &parts, &done);
-        pipe.add_command(cmd);
-        n += 1;
-    }
-    let replies: Vec<Value> = pipe.query_async(conn).await.map_err(map_err)?;
+    // The items first (the commands borrow their parts), then each one's command, written
+    // where it is sent (`resp`).
+    let items: Vec<(&str, Parts<'_>, Completion<'_>)> = items.collect();
+    let commands: Vec<[Arg<'_>; 7]> = items
+        .iter()
+        .map(|(rkey, parts, done)| command(rkey, parts, done))
+        .collect();
+    let n = commands.len();
+    let all: Vec<&[Arg<'_>]> = commands.iter().map(|c| &c[..]).collect();
+    let replies = crate::resp::query_all(conn, &all).await.map_err(map_err)?;
     if replies.len() != n {
         return Err(crate::errors::unexpected(None));
     }

@@ -4,11 +4,12 @@ use std::sync::LazyLock;
 
 use idemkit_core::record::Holder;
 use idemkit_core::{Ownership, ResultKind, StoreError};
-use redis::{Cmd, RedisWrite, Script, ToRedisArgs};
+use redis::{Cmd, RedisWrite, Script, ToRedisArgs, Value};
 
 use crate::conn::Conn;
 use crate::errors::map_err;
 use crate::plain;
+use crate::resp::Arg;
 
 /// One of our Lua scripts: its SHA for `EVALSHA`, and its source for `SCRIPT LOAD` when the
 /// server does not know it (after a restart).
@@ -90,7 +91,7 @@ pub(crate) struct Parts<'a> {
 
 impl Parts<'_> {
     /// Bytes 1-22: "IDK", version, `state`, flags, owner token.
-    fn head(&self, state: u8) -> [u8; 22] {
+    pub(crate) fn head(&self, state: u8) -> [u8; 22] {
         let mut head = [0u8; 22];
         head[..3].copy_from_slice(b"IDK");
         head[3] = if self.holder.is_some() { 2 } else { 1 };
@@ -103,17 +104,23 @@ impl Parts<'_> {
     /// Bytes 1-30 (with `state`) then from 31 on, assembled on the stack and written at once
     /// (each write into a command's buffer has a cost of its own, and this is on every call).
     fn write_all(&self, state: u8, fencing: u64, w: &mut impl std::io::Write) {
+        let (buf, len) = self.record(state, fencing);
+        let _ = w.write_all(&buf[..len]);
+    }
+
+    /// The whole reservation (or, with state 2, the completed record's head), `buf[..len]`.
+    pub(crate) fn record(&self, state: u8, fencing: u64) -> ([u8; 256], usize) {
         let (mut buf, len) = self.rest();
         // The rest sits at 30 in `buf`, the head and fencing token go before it.
         buf[..22].copy_from_slice(&self.head(state));
         buf[22..30].copy_from_slice(&fencing.to_be_bytes());
-        let _ = w.write_all(&buf[..len]);
+        (buf, len)
     }
 
     /// `buf[30..len]` holds bytes from 31 on (`buf[..30]` is left for the head and fencing
     /// token). At most 30 + 16 + 16 + 8 + 4 + 2 * (1 + 64) bytes: a holder's texts are at
     /// most 64 bytes each (`Holder`'s cleaning).
-    fn rest(&self) -> ([u8; 256], usize) {
+    pub(crate) fn rest(&self) -> ([u8; 256], usize) {
         let mut buf = [0u8; 256];
         // Created and expires: 16 zero bytes, already there.
         let mut at = 46;
@@ -244,24 +251,6 @@ pub(crate) fn begin_many_args(cmd: &mut redis::Cmd, lease_ms: u64, parts: &[Part
     }
 }
 
-/// `complete_many.lua`'s arguments after its keys: the ttl, then each key's reservation and
-/// completed record.
-pub(crate) fn complete_many_args<'a>(
-    cmd: &mut redis::Cmd,
-    ttl_ms: u64,
-    items: impl Iterator<Item = (Parts<'a>, u64, ResultKind, &'a [u8])>,
-) {
-    cmd.arg(ttl_ms);
-    for (parts, fencing, kind, bytes) in items {
-        cmd.arg(Mine(&parts, fencing)).arg(Done {
-            parts: &parts,
-            fencing,
-            kind,
-            bytes,
-        });
-    }
-}
-
 /// `EVALSHA` of `lua` on `rkey` with `args`: one round trip. After a server restart
 /// (`NOSCRIPT`) the script is loaded and the call sent again. Built as one command rather
 /// than through `Script::invoke_async`, which copies every argument twice.
@@ -282,6 +271,68 @@ pub(crate) async fn eval_on<T: redis::FromRedisValue>(
     query_loading(conn, &cmd, lua).await
 }
 
+/// `EVALSHA` of `lua` on `rkey` with `args`, as [`eval_on`] does, but sent as an argument
+/// list (`crate::resp`): written straight into the store's own client's buffer, no `Cmd`.
+/// For the scripts of a first delivery: a lone `begin`, a completion.
+pub(crate) async fn eval_args(
+    conn: &mut Conn,
+    lua: &Lua,
+    rkey: &str,
+    args: &[Arg<'_>],
+) -> Result<Value, StoreError> {
+    let head = [
+        Arg::Bytes(b"EVALSHA"),
+        Arg::from(lua.script.get_hash()),
+        Arg::Bytes(b"1"),
+        Arg::from(rkey),
+    ];
+    match crate::resp::query(conn, &[&head, args]).await {
+        Err(e) if is_noscript(&e) => {
+            load(conn, lua).await?;
+            crate::resp::query(conn, &[&head, args])
+                .await
+                .map_err(map_err)
+        }
+        other => other.map_err(map_err),
+    }
+}
+
+/// A whole `EVALSHA` of `lua` as an argument list (`crate::resp`), its keys counted in it;
+/// after a server restart (`NOSCRIPT`) the script is loaded and the call sent again.
+pub(crate) async fn eval_list(
+    conn: &mut Conn,
+    lua: &Lua,
+    args: &[Arg<'_>],
+) -> Result<Value, StoreError> {
+    match crate::resp::query(conn, &[args]).await {
+        Err(e) if is_noscript(&e) => {
+            load(conn, lua).await?;
+            crate::resp::query(conn, &[args]).await.map_err(map_err)
+        }
+        other => other.map_err(map_err),
+    }
+}
+
+fn is_noscript(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+}
+
+/// Loads `lua` into a server whose script cache lacks it (`NOSCRIPT`: a restart, or another
+/// server after a failover).
+async fn load(conn: &mut Conn, lua: &Lua) -> Result<(), StoreError> {
+    tracing::debug!("script not in the server's cache (restarted?): loading it");
+    // Perhaps another server (a failover): ask again what it has.
+    plain::reloaded();
+    // On a Cluster redis-rs sends SCRIPT LOAD to every primary.
+    redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(&lua.source)
+        .query_async::<String>(conn)
+        .await
+        .map_err(map_err)?;
+    Ok(())
+}
+
 /// Sends `cmd`, an `EVALSHA` of `lua`; after a server restart (`NOSCRIPT`) loads the script
 /// and sends it again.
 pub(crate) async fn query_loading<T: redis::FromRedisValue>(
@@ -290,17 +341,8 @@ pub(crate) async fn query_loading<T: redis::FromRedisValue>(
     lua: &Lua,
 ) -> Result<T, StoreError> {
     match cmd.query_async(conn).await {
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            tracing::debug!("script not in the server's cache (restarted?): loading it");
-            // Perhaps another server (a failover): ask again what it has.
-            plain::reloaded();
-            // On a Cluster redis-rs sends SCRIPT LOAD to every primary.
-            redis::cmd("SCRIPT")
-                .arg("LOAD")
-                .arg(&lua.source)
-                .query_async::<String>(conn)
-                .await
-                .map_err(map_err)?;
+        Err(e) if is_noscript(&e) => {
+            load(conn, lua).await?;
             cmd.query_async(conn).await.map_err(map_err)
         }
         other => other.map_err(map_err),

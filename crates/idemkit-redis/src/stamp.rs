@@ -58,12 +58,13 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::Instant;
 
 use idemkit_core::StoreError;
-use redis::{Pipeline, Value};
+use redis::Value;
 
 use crate::conn::Conn;
 use crate::errors::map_err;
 use crate::replays;
-use crate::scripts::{self, Mine, Parts};
+use crate::resp::Arg;
+use crate::scripts::{self, Parts};
 
 /// How far under the server's clock a stamp may be and still be proven newer than every
 /// earlier token of a fresh key: the shortest life of a record, a completed one's 1 ms
@@ -185,32 +186,34 @@ pub(crate) async fn begin<'a>(
         return Ok(None);
     };
     let n = items.len();
-    let mut pipe = Pipeline::with_capacity(n + 2);
+    // The keys' parts first (the commands borrow them), then each key's command: a few
+    // buffers a batch, written where they are sent (`resp`).
+    let items: Vec<(&str, Parts<'_>, u64)> = items.collect();
+    let sets: Vec<[Arg<'_>; 7]> = items
+        .iter()
+        .map(|(rkey, parts, lease_ms)| {
+            [
+                Arg::Bytes(b"SET"),
+                Arg::from(*rkey),
+                Arg::Mine(parts, token),
+                Arg::Bytes(b"NX"),
+                Arg::Bytes(b"PX"),
+                Arg::Int(*lease_ms),
+                Arg::Bytes(b"GET"),
+            ]
+        })
+        .collect();
+    let time = [Arg::Bytes(b"TIME")];
+    let mut commands: Vec<&[Arg<'_>]> = Vec::with_capacity(n + 2);
+    commands.push(&time);
+    commands.extend(sets.iter().map(|c| &c[..]));
+    commands.push(&time);
+    clock.sent.fetch_add(n as u64, Ordering::Relaxed);
     // A command's own error (`WRONGTYPE`: a key of another type) comes back in its place,
     // and the script reports it as it always did.
-    pipe.ignore_errors();
-    // Each command sized for what it holds (a `Cmd` grown argument by argument reallocates
-    // several times, on every call).
-    let time = || {
-        let mut cmd = redis::Cmd::with_capacity(1, 4);
-        cmd.arg("TIME");
-        cmd
-    };
-    pipe.add_command(time());
-    for (rkey, parts, lease_ms) in items {
-        let mut cmd = redis::Cmd::with_capacity(7, 320 + rkey.len());
-        cmd.arg("SET")
-            .arg(rkey)
-            .arg(Mine(&parts, token))
-            .arg("NX")
-            .arg("PX")
-            .arg(lease_ms)
-            .arg("GET");
-        pipe.add_command(cmd);
-    }
-    pipe.add_command(time());
-    clock.sent.fetch_add(n as u64, Ordering::Relaxed);
-    let replies: Vec<Value> = pipe.query_async(conn).await.map_err(map_err)?;
+    let replies = crate::resp::query_all(conn, &commands)
+        .await
+        .map_err(map_err)?;
     let mut replies = replies.into_iter();
     let (first, last) = (replies.next(), replies.next_back());
     if let Some(Value::ServerError(e)) = first.as_ref().or(last.as_ref()) {

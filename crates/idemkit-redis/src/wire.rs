@@ -18,7 +18,8 @@
 //!
 //! A connection that fails (a read or write error, the server closing it) answers every
 //! caller waiting on it with the error (`Unavailable`), and the next call connects again,
-//! as redis-rs' connection manager does; a call is bounded by the response timeout.
+//! as redis-rs' connection manager does; a call is bounded by the response timeout (within
+//! an eighth more: one watchdog a connection times its requests, `watch`).
 
 use std::collections::VecDeque;
 use std::io;
@@ -74,6 +75,9 @@ impl Drop for Inner {
 struct Line {
     queue: Mutex<Queue>,
     wake: Notify,
+    /// The watchdog's ticks so far (see [`watch`]): a request notes the count it was queued
+    /// at, rather than read the clock.
+    ticks: AtomicU64,
 }
 
 struct Queue {
@@ -99,11 +103,13 @@ struct Queue {
 /// handles the rest (measured in docs/benchmarks.md, "One connection").
 const SEND_AT: usize = 16;
 
-/// A caller's answer slot: `skip` replies first (none: the store sends no transactions),
-/// then one reply (`many: None`) or `count` of them.
+/// A caller's answer slot: one reply (`many: None`) or `count` of them, queued at the
+/// watchdog's tick `born` (see [`watch`]). `tx` is `None` once the caller was answered with
+/// a timeout: the slot stays in the queue for its reply, which is read and dropped.
 struct Waiting {
     many: Option<(usize, Vec<Value>)>,
-    tx: oneshot::Sender<RedisResult<Answer>>,
+    born: u64,
+    tx: Option<oneshot::Sender<RedisResult<Answer>>>,
 }
 
 enum Answer {
@@ -122,7 +128,9 @@ impl Line {
             std::mem::take(&mut q.waiting)
         };
         for w in waiting {
-            let _ = w.tx.send(Err(dropped(kind)));
+            if let Some(tx) = w.tx {
+                let _ = tx.send(Err(dropped(kind)));
+            }
         }
         self.wake.notify_one();
     }
@@ -193,9 +201,11 @@ impl Wire {
                 socket: Some(wr.clone()),
             }),
             wake: Notify::new(),
+            ticks: AtomicU64::new(0),
         });
         tokio::spawn(write(line.clone(), wr));
         tokio::spawn(read(line.clone(), rd));
+        tokio::spawn(watch(Arc::downgrade(&line), s.response_timeout));
         *self
             .inner
             .line
@@ -214,7 +224,8 @@ impl Wire {
     }
 
     /// Sends what `pack` writes as one request and waits for its answer (bounded by the
-    /// response timeout).
+    /// response timeout: the line's watchdog answers a request that is past it, see
+    /// [`watch`]).
     async fn request(
         &self,
         many: Option<usize>,
@@ -230,7 +241,8 @@ impl Wire {
             pack(&mut q.out);
             q.waiting.push_back(Waiting {
                 many: many.map(|n| (n, Vec::with_capacity(n))),
-                tx,
+                born: line.ticks.load(Ordering::Relaxed),
+                tx: Some(tx),
             });
             q.unsent += 1;
             if q.unsent >= SEND_AT && !q.writing {
@@ -238,11 +250,31 @@ impl Wire {
             }
         }
         line.wake.notify_one();
-        match tokio::time::timeout(self.inner.settings.response_timeout, rx).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(_)) => Err(dropped(io::ErrorKind::ConnectionReset)),
-            // Its reply, when it comes, answers a closed slot: the queue keeps its order.
-            Err(_) => Err(RedisError::from(io::Error::from(io::ErrorKind::TimedOut))),
+        rx.await
+            .unwrap_or_else(|_| Err(dropped(io::ErrorKind::ConnectionReset)))
+    }
+
+    /// Sends the one command `pack` writes (RESP) and waits for its reply (`crate::resp`).
+    pub(crate) async fn call(&self, pack: impl FnOnce(&mut Vec<u8>)) -> RedisResult<Value> {
+        match self.request(None, pack).await? {
+            Answer::One(v) => v.extract_error(),
+            Answer::Many(_) => unreachable!("one reply asked"),
+        }
+    }
+
+    /// Sends the `count` commands `pack` writes as one request and waits for their replies,
+    /// each command's own error in its place (`crate::resp`).
+    pub(crate) async fn call_many(
+        &self,
+        count: usize,
+        pack: impl FnOnce(&mut Vec<u8>),
+    ) -> RedisResult<Vec<Value>> {
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        match self.request(Some(count), pack).await? {
+            Answer::Many(values) => Ok(values),
+            Answer::One(_) => unreachable!("many replies asked"),
         }
     }
 
@@ -440,7 +472,56 @@ fn answer(line: &Line, reply: Value) {
     if let Some(done) = done {
         let head = q.waiting.pop_front().expect("the head");
         drop(q);
-        let _ = head.tx.send(done);
+        if let Some(tx) = head.tx {
+            let _ = tx.send(done);
+        }
+    }
+}
+
+/// How often a line's watchdog looks for requests past their response timeout: an eighth of
+/// it, so a request is answered within an eighth more than the timeout.
+fn watch_every(timeout: Duration) -> Duration {
+    (timeout / TICKS as u32).max(Duration::from_millis(1))
+}
+
+/// The watchdog's ticks in a response timeout.
+const TICKS: u64 = 8;
+
+/// The line's watchdog: ticks every [`watch_every`] and answers each request queued more
+/// than [`TICKS`] ticks ago with a timeout (`Unavailable`): it waited at least the response
+/// timeout, and at most an eighth more. Its slot stays in the queue for its reply (read and
+/// dropped when it comes, so every later reply still reaches its own caller). One timer a
+/// connection, and a request reads no clock (it notes the tick count): a request's own
+/// timer (registered in tokio's timer wheel, then cancelled) was a large part of what the
+/// client spent on a call (measured in docs/benchmarks.md). A tick the runtime could not
+/// run in time is run as soon as it can (`interval`'s burst), so late ticks still count
+/// the time that passed. Requests are queued in tick order, so the scan stops at the first
+/// one not due. Ends with the line.
+async fn watch(line: std::sync::Weak<Line>, timeout: Duration) {
+    let mut ticks = tokio::time::interval(watch_every(timeout));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    // An interval's first tick is at once: the count starts with it.
+    ticks.tick().await;
+    loop {
+        ticks.tick().await;
+        let Some(line) = line.upgrade() else { return };
+        let now = line.ticks.fetch_add(1, Ordering::Relaxed) + 1;
+        let late: Vec<_> = {
+            let mut q = line.queue.lock().unwrap_or_else(PoisonError::into_inner);
+            if q.closed {
+                return;
+            }
+            q.waiting
+                .iter_mut()
+                .take_while(|w| now - w.born > TICKS)
+                .filter_map(|w| w.tx.take())
+                .collect()
+        };
+        for tx in late {
+            let _ = tx.send(Err(RedisError::from(io::Error::from(
+                io::ErrorKind::TimedOut,
+            ))));
+        }
     }
 }
 
@@ -693,6 +774,65 @@ mod tests {
         assert_eq!(
             second.expect("answered"),
             Value::BulkString(b"real-b".to_vec())
+        );
+    }
+
+    /// Requests a silent server does not answer are each answered as timed out by the
+    /// connection's watchdog, no sooner than the response timeout after it was sent and
+    /// within an eighth more (the one timer a connection that replaced one a request), in
+    /// the order sent; the connection stays up, and the late replies, when they come, are
+    /// read into the closed slots: the next caller gets its own. On tokio's paused clock,
+    /// which moves only to the next timer when every task waits.
+    #[tokio::test(start_paused = true)]
+    async fn requests_past_their_timeout_are_answered_by_the_watchdog() {
+        let (listener, mut settings) = peer().await;
+        settings.response_timeout = Duration::from_secs(8);
+        let (wire, server) = tokio::join!(Wire::connect(settings), accept(&listener));
+        let (wire, mut server) = (wire.expect("connected"), server);
+        let start = tokio::time::Instant::now();
+        // Three requests, sent 0, 3 and 5 s in.
+        let calls = [0u64, 3, 5].map(|at| {
+            let wire = wire.clone();
+            async move {
+                tokio::time::sleep(Duration::from_secs(at)).await;
+                let sent = start.elapsed();
+                let get = redis::cmd("GET").arg(format!("k{at}")).clone();
+                let reply = wire.command(&get).await;
+                (reply, sent, start.elapsed())
+            }
+        });
+        let [a, b, c] = calls;
+        let (a, b, c) = tokio::join!(a, b, c);
+        for (reply, sent, answered) in [a, b, c] {
+            assert!(reply.expect_err("no reply").is_timeout());
+            let waited = answered - sent;
+            assert!(
+                waited >= Duration::from_secs(8) && waited <= Duration::from_secs(9),
+                "sent at {sent:?}, answered at {answered:?}"
+            );
+        }
+        // The three late replies, then the fourth request's own.
+        let mut buf = [0u8; 256];
+        let mut read = 0;
+        while !buf[..read].ends_with(b"$2\r\nk5\r\n") {
+            read += server.read(&mut buf[read..]).await.expect("the requests");
+        }
+        let fourth = async {
+            let get = redis::cmd("GET").arg("k9").clone();
+            wire.command(&get).await
+        };
+        let answer = async {
+            let n = server.read(&mut buf).await.expect("the fourth request");
+            assert!(buf[..n].ends_with(b"$2\r\nk9\r\n"));
+            server
+                .write_all(b"$1\r\na\r\n$1\r\nb\r\n$1\r\nc\r\n$3\r\nk9!\r\n")
+                .await
+                .expect("the replies");
+        };
+        let (fourth, ()) = tokio::join!(fourth, answer);
+        assert_eq!(
+            fourth.expect("answered"),
+            Value::BulkString(b"k9!".to_vec())
         );
     }
 
