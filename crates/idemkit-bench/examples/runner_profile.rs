@@ -7,7 +7,9 @@
 //! Run with:
 //! `cargo run --release -p idemkit-bench --example runner_profile -- js|amqp BROKER_URL BROKER_PID REDIS_PORT N off|on|mem [rounds]`
 //! (`BROKER_PID`: nats-server's, or RabbitMQ's `beam.smp`). The client is one thread, as in
-//! `idemkit-bench`. docs/benchmarks.md has what it showed.
+//! `idemkit-bench`. `RUNNER_PROFILE_COALESCE=1` (or `0`) sets the Redis store's coalescing
+//! (`RedisStoreBuilder::coalesce`) instead of its default. docs/benchmarks.md has what it
+//! showed.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -122,10 +124,12 @@ async fn run() -> Result<(), Error> {
         match mode.as_str() {
             "mem" => source.consume(&queue, n, MemoryStore::new(), true).await?,
             "on" | "off" => {
-                let store = RedisStore::builder()
-                    .prefix(format!("idemkit-profile-{:x}", fastrand::u64(..)))
-                    .connect(&redis_url)
-                    .await?;
+                let mut builder = RedisStore::builder()
+                    .prefix(format!("idemkit-profile-{:x}", fastrand::u64(..)));
+                if let Ok(on) = std::env::var("RUNNER_PROFILE_COALESCE") {
+                    builder = builder.coalesce(on == "1");
+                }
+                let store = builder.connect(&redis_url).await?;
                 source.consume(&queue, n, store, mode == "on").await?;
             }
             other => return Err(format!("no mode {other}").into()),

@@ -477,11 +477,12 @@ pub(crate) async fn run(
         .await
         .map_err(|e| e.to_string())?;
     let coordinator = Coordinator::new(store);
-    // The same store with coalescing off: before and after, in one run.
+    // The same store with coalescing on (off by default on the store's own client): the
+    // two in one run.
     let single = Coordinator::new(
         RedisStore::builder()
             .prefix(format!("idemkit-bench:{:x}", fastrand::u64(..)))
-            .coalesce(false)
+            .coalesce(true)
             .connect(url)
             .await
             .map_err(|e| e.to_string())?,
@@ -563,7 +564,7 @@ pub(crate) async fn run(
         // first after the hits meets a server whose memory the hits left warm.
         let variants = [
             ("idemkit miss", &coordinator, &next),
-            ("idemkit miss, coalescing off", &single, &next_single),
+            ("idemkit miss, coalescing on", &single, &next_single),
             ("idemkit miss, begin script", &scripted, &next_scripted),
         ];
         for (case, c, next) in crate::paired::rotated(&variants, round) {

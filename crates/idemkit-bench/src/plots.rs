@@ -12,7 +12,7 @@ use crate::suite::RecordBytes;
 const LIBRARIES: [(&str, &str); 9] = [
     ("floor: GET", "floor: GET"),
     ("idemkit", "idemkit"),
-    ("idemkit, coalescing off", "idemkit miss, coalescing off"),
+    ("idemkit, coalescing on", "idemkit miss, coalescing on"),
     ("idemkit, begin script", "idemkit miss, begin script"),
     ("idemkit, batches of 64", "idemkit miss, batches of 64"),
     ("idempotency-kit (Rust)", "idempotency-kit"),

@@ -171,7 +171,7 @@ fn the_benchmark_writes_its_tables_and_plots() {
     );
 
     // One bar per case: c=64 throughput has the floor, idemkit's hit and miss, the miss
-    // without coalescing, the miss with every begin the script, the batches, and both Rust
+    // with coalescing on, the miss with every begin the script, the batches, and both Rust
     // peers' hit and miss.
     let svg = std::fs::read_to_string(dir.join("redis-throughput-c64.svg")).unwrap();
     assert!(svg.starts_with("<svg "), "{svg}");

@@ -41,7 +41,8 @@ pub struct RedisStoreBuilder {
     /// `WAITAOF` for the guard: `Some(local)` (see `wait_for_aof`).
     aof: Option<bool>,
     eviction: EvictionCheck,
-    coalesce: bool,
+    /// `None`: the default of the client the lanes are on (see `coalesce`).
+    coalesce: Option<bool>,
     plain_begins: bool,
     own_client: bool,
     /// `None`: the default of the client the lanes are on.
@@ -52,7 +53,7 @@ pub struct RedisStoreBuilder {
 
 /// Connections per single-server store on redis-rs: two let Redis and the client work at
 /// once. The store's own client needs one (it sends early, see `wire`), and one lane
-/// gathers a coalesced batch from every caller (measured in docs/benchmarks.md).
+/// gathers every caller's commands into few writes (measured in docs/benchmarks.md).
 const DEFAULT_CONNECTIONS: usize = 2;
 const DEFAULT_OWN_CONNECTIONS: usize = 1;
 
@@ -65,7 +66,7 @@ impl Default for RedisStoreBuilder {
             replicas: None,
             aof: None,
             eviction: EvictionCheck::Warn,
-            coalesce: true,
+            coalesce: None,
             plain_begins: true,
             own_client: true,
             connections: None,
@@ -87,7 +88,10 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// How long a command may take before it fails as unavailable (default 1 s).
+    /// How long a command may take before it fails as unavailable (default 1 s). On the
+    /// store's own client ([`own_client`](Self::own_client)) one watchdog a connection
+    /// times its commands, ticking every eighth of this: a command is answered within an
+    /// eighth more than it.
     ///
     /// # Example
     ///
@@ -209,13 +213,23 @@ impl RedisStoreBuilder {
     }
 
     /// Whether concurrent `begin`s (and `complete`s) are coalesced: while one is on the
-    /// wire, later ones queue and go out together as one script call when it answers (one
-    /// script entry and one clock read for many keys, which is most of what a call costs
-    /// Redis: fewer instructions per miss, docs/benchmarks.md). Default on;
-    /// nothing waits when nothing is queued. Each connection (see
-    /// [`connections`](Self::connections)) has its own queues. Applies to one server
-    /// without [`wait_for_replicas`](Self::wait_for_replicas); a Cluster never coalesces
-    /// (keys of one slot rarely meet). Off sends every call on its own (for comparison).
+    /// wire, later ones queue and go out together as one script call or pipeline when it
+    /// answers (one script entry and one clock read for many keys, which is most of what a
+    /// call costs Redis: fewer instructions per miss, docs/benchmarks.md); nothing waits
+    /// when nothing is queued. Each connection (see [`connections`](Self::connections)) has
+    /// its own queues. Applies to one server without
+    /// [`wait_for_replicas`](Self::wait_for_replicas); a Cluster never coalesces (keys of one
+    /// slot rarely meet).
+    ///
+    /// Default: on for connections on redis-rs, **off on the store's own client**
+    /// ([`own_client`](Self::own_client), the default for `redis://`), which already
+    /// pipelines every caller's commands on its connection and sends them in few writes:
+    /// there coalescing saved the server little and held calls back (at 64 concurrent
+    /// first deliveries, 1.7× the misses a second on Valkey 9 and 1.2× on Redis 7 without
+    /// it; docs/benchmarks.md, "Coalescing on the store's own client"). Off, each call is
+    /// sent on its own: a `begin` as the plain pipeline (see
+    /// [`plain_begins`](Self::plain_begins)), or as the script when its connection has
+    /// nothing else on the wire (one reply to read rather than three).
     /// A queued call waits for room on the wire, so with coalescing on the store declares
     /// no bound of its own ([`Store::call_timeout`](idemkit_core::Store::call_timeout) is
     /// `None`) and the coordinator times each call with the policy's `store_timeout`.
@@ -231,7 +245,7 @@ impl RedisStoreBuilder {
     /// # Ok(()) }
     /// ```
     pub fn coalesce(mut self, on: bool) -> Self {
-        self.coalesce = on;
+        self.coalesce = Some(on);
         self
     }
 
@@ -299,8 +313,8 @@ impl RedisStoreBuilder {
     /// commands while the client handles the other's replies. The store's own client does
     /// not take turns on one connection (a caller sends the requests gathered so far once
     /// sixteen wait, so Redis starts on them while the client handles the rest), and one
-    /// connection gathers every caller's `begin`s and `complete`s into the same batches:
-    /// fewer, larger writes and reads on both sides. Both choices are measured in
+    /// connection gathers every caller's commands into the same writes: fewer, larger
+    /// writes and reads on both sides. Both choices are measured in
     /// docs/benchmarks.md ("One connection"). Pub/sub for wake-ups uses the first, or, with
     /// the store's own client, one connection more. A Cluster ignores it (it keeps one
     /// connection per node), and so does Sentinel (one connection, which follows the master).
@@ -753,7 +767,8 @@ impl RedisStoreBuilder {
             d.probe().await?;
         }
         let (durable_off, cluster) = (durable.is_none(), matches!(conn, Conn::Cluster(_)));
-        let coalesce = self.coalesce && durable_off && !cluster;
+        let own = lanes.iter().all(|l| matches!(l, Conn::Own(_)));
+        let coalesce = self.coalesce.unwrap_or(!own) && durable_off && !cluster;
         let store = RedisStore::new(
             conn,
             lanes,

@@ -132,7 +132,11 @@ impl RedisStore {
         // script costs the client less (a pipeline's replies against one reply, measured
         // in docs/benchmarks.md); batches, which form under load, go plain.
         let mut stale = None;
-        if !self.shared.coalesce {
+        // Without coalescing, a lone `begin` on an idle connection of the store's own client
+        // is the script as well (one reply to read against the pipeline's three); plain
+        // when other requests are on the wire, where the server's time is what counts.
+        let alone = matches!(&self.shared.lanes[lane].conn, Conn::Own(w) if w.idle());
+        if !self.shared.coalesce && !alone {
             let plain = stamp::begin(
                 &self.shared.clock,
                 &mut self.shared.lanes[lane].conn.clone(),

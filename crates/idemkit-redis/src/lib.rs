@@ -33,11 +33,13 @@
 //!   ([`RedisStoreBuilder::eviction_check`]).
 //! - **Pipelined connections, coalesced calls.** On one server the store sends its calls over
 //!   its lanes ([`RedisStoreBuilder::connections`]; a key's owner always uses the same
-//!   one, so its commands keep their order), and concurrent `begin`s and `complete`s on a
-//!   lane go out together as one batch ([`RedisStoreBuilder::coalesce`]). On a plain
-//!   `redis://` URL the lane is one connection of the store's own client, lighter than
-//!   redis-rs' ([`RedisStoreBuilder::own_client`]), and one redis-rs connection more
-//!   carries the subscriptions; on redis-rs (`rediss://`) there are two lanes.
+//!   one, so its commands keep their order). On a plain `redis://` URL the lane is one
+//!   connection of the store's own client, lighter than redis-rs'
+//!   ([`RedisStoreBuilder::own_client`]), which pipelines every caller's commands and sends
+//!   them in few writes, and one redis-rs connection more carries the subscriptions; on
+//!   redis-rs (`rediss://`) there are two lanes, and concurrent `begin`s and `complete`s on
+//!   a lane go out together as one batch ([`RedisStoreBuilder::coalesce`], which the own
+//!   client does not need by default).
 //! - **Cluster.** A record's key and its channel share one hash tag (a digest of the storage
 //!   key), so every script touches one slot; waiters use sharded pub/sub (`SSUBSCRIBE`).
 //!

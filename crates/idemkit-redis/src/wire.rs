@@ -167,6 +167,22 @@ impl Wire {
         self.inner.settings.db
     }
 
+    /// Whether no request waits for its reply on this connection now (none is up: idle).
+    pub(crate) fn idle(&self) -> bool {
+        let line = self
+            .inner
+            .line
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        line.as_ref().is_none_or(|l| {
+            l.queue
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .waiting
+                .is_empty()
+        })
+    }
+
     /// The live connection, connecting if there is none.
     async fn line(&self) -> RedisResult<Arc<Line>> {
         if let Some(line) = self.live() {

@@ -24,15 +24,25 @@ fn key(name: &str) -> StorageKey {
     StorageKey::new(&op, None, &Key::new(name).unwrap())
 }
 
+/// `k` reserved by a `begin` sent while another request is on the store's wire (see
+/// [`busy_begin`]): a plain one, where the store has an estimate of the server's clock.
 async fn reserve(store: &RedisStore, k: &StorageKey, lease: Duration) -> Ownership {
-    match store
-        .begin(&BeginRequest::new(k, OwnerToken::random(), lease))
-        .await
-        .unwrap()
-    {
+    match busy_begin(store, &BeginRequest::new(k, OwnerToken::random(), lease)).await {
         Claim::Reserved { ownership, .. } => ownership,
         other => panic!("{k}: not reserved: {other:?}"),
     }
+}
+
+/// `req`'s `begin`, sent while a read of another key waits for its reply on the same
+/// connection (the read is polled first, and this test's current-thread runtime runs
+/// nothing else between the two polls, so its request is queued when the `begin` looks).
+/// Without coalescing, the store's own client sends a `begin` plain only then: one alone on
+/// an idle connection is the script (one reply against three).
+async fn busy_begin(store: &RedisStore, req: &BeginRequest<'_>) -> Claim {
+    let other = key("another-key");
+    let (read, claim) = tokio::join!(store.get(&other), store.begin(req));
+    read.unwrap();
+    claim.unwrap()
 }
 
 /// Waits for `k`'s record to expire by the server's clock (the end of its lease or TTL is
@@ -55,8 +65,9 @@ async fn server_us(url: &str) -> u64 {
     s * 1_000_000 + us
 }
 
-/// A store whose every `begin` is plain (coalescing off: a lone `begin` to an idle
-/// coalescing lane is the script), or one that coalesces.
+/// A store that does not coalesce (its `begin`s plain when sent beside another request,
+/// [`busy_begin`]; a lone `begin` to an idle coalescing lane is the script), or one that
+/// coalesces.
 async fn store(url: &str, coalesce: bool) -> Option<RedisStore> {
     let store = RedisStore::builder()
         .prefix(support::prefix())
@@ -70,6 +81,29 @@ async fn store(url: &str, coalesce: bool) -> Option<RedisStore> {
     // A script reservation teaches the store the server's clock; plain begins follow.
     reserve(&store, &key("warm-up"), Duration::from_secs(5)).await;
     Some(store)
+}
+
+/// Without coalescing, on the store's own client (the default for `redis://`), a `begin`
+/// alone on its idle connection is the script, one sent beside another request plain.
+#[tokio::test]
+async fn a_lone_begin_on_an_idle_connection_is_the_script_and_a_busy_one_plain() {
+    let url = support::redis_url();
+    let Some(store) = store(&url, false).await else {
+        return;
+    };
+    let before = store.plain_begin_counts();
+    let lone = store
+        .begin(&BeginRequest::new(
+            &key("lone"),
+            OwnerToken::random(),
+            SHORT,
+        ))
+        .await
+        .unwrap();
+    assert!(matches!(lone, Claim::Reserved { .. }), "{lone:?}");
+    assert_eq!(store.plain_begin_counts().sent, before.sent, "the script");
+    reserve(&store, &key("busy"), SHORT).await;
+    assert_eq!(store.plain_begin_counts().sent, before.sent + 1, "plain");
 }
 
 #[tokio::test]
@@ -106,14 +140,11 @@ async fn a_stamp_the_servers_clock_does_not_prove_is_taken_again_from_it() {
     // could fall under them).
     store.skew_stamps_for_tests(10_000_000);
     let now = server_us(&url).await;
-    let third = store
-        .begin(&BeginRequest::new(
-            &k,
-            OwnerToken::random(),
-            Duration::from_secs(5),
-        ))
-        .await
-        .unwrap();
+    let third = busy_begin(
+        &store,
+        &BeginRequest::new(&k, OwnerToken::random(), Duration::from_secs(5)),
+    )
+    .await;
     let Claim::Reserved {
         ownership: third, ..
     } = third
